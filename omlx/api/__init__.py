@@ -1,0 +1,1 @@
+"""The HTTP layer: one Sanic blueprint per protocol. Nothing here touches mlx."""

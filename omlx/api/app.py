@@ -1,0 +1,106 @@
+"""The Sanic application: blueprints, error handling, access control and health.
+
+`create_app` receives everything already built (config, pool, startup report); it loads
+nothing itself, so the server only listens once every model is loaded and warmed up.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Any
+
+from sanic import Request as HttpRequest
+from sanic import Sanic
+from sanic import json as json_response
+from sanic.response import empty
+
+from omlx.api import openai as openai_routes
+from omlx.api.errors import OmlxErrorHandler, error_response
+from omlx.config import ServerConfig
+from omlx.errors import AuthenticationError
+from omlx.pool import EnginePool
+
+logger = logging.getLogger(__name__)
+
+OPEN_PATHS = ("/health", "/")
+
+
+def check_api_key(http: HttpRequest, api_key: str) -> None:
+    """Accept ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (constant-time compare).
+
+    Raises:
+        AuthenticationError: missing or wrong key.
+    """
+    given = http.headers.get("x-api-key")
+    if given is None:
+        auth = http.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+    if given is None or not hmac.compare_digest(given.encode(), api_key.encode()):
+        raise AuthenticationError("invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')")
+
+
+def health_report(pool: EnginePool, status: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """``/health`` body and status: 503 when an engine thread is dead."""
+    models = []
+    ok = True
+    for e in pool.entries():
+        alive = e.engine.alive
+        ok = ok and alive
+        st = e.engine.scheduler.stats()
+        models.append({
+            "id": e.loaded.model_id,
+            "alive": alive,
+            "running": st.num_running,
+            "waiting": st.num_waiting,
+            "batch_failures": e.engine.num_batch_failures,
+            "prefix_cache": e.cache_note or "on",
+        })
+    body = {"status": "ok" if ok else "unhealthy", "models": models, **status}
+    return body, 200 if ok else 503
+
+
+def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], name: str = "omlx") -> Sanic:
+    """Build the Sanic app.
+
+    Args:
+        config: the server config.
+        pool: loaded engines.
+        status: startup report (BLAS, slow paths, versions) shown in ``/health``.
+    """
+    app = Sanic(name, error_handler=OmlxErrorHandler())
+    app.config.REQUEST_MAX_SIZE = config.max_body_bytes
+    app.config.REQUEST_MAX_HEADER_SIZE = 64 * 1024
+    app.config.RESPONSE_TIMEOUT = 3600
+    app.config.REQUEST_TIMEOUT = 300
+    app.config.KEEP_ALIVE_TIMEOUT = 75
+    app.config.NOISY_EXCEPTIONS = False
+    app.ctx.config = config
+    app.ctx.pool = pool
+    app.ctx.status = status
+    app.ctx.started_at = time.time()
+
+    @app.on_request
+    async def _auth(http: HttpRequest):
+        if config.api_key and http.path not in OPEN_PATHS:
+            try:
+                check_api_key(http, config.api_key)
+            except AuthenticationError as e:
+                return error_response(http.path, e)
+        return None
+
+    @app.route("/", methods=["GET", "HEAD"])
+    async def root(http: HttpRequest):
+        if http.method == "HEAD":
+            return empty(200)
+        return json_response({"name": "omlx", "status": "ok", "docs": "/health, /v1/models"})
+
+    @app.get("/health")
+    async def health(http: HttpRequest):
+        body, code = health_report(pool, app.ctx.status)
+        return json_response(body, status=code)
+
+    app.blueprint(openai_routes.bp)
+    return app

@@ -1,0 +1,297 @@
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions.
+
+Request JSON -> `Request` (through the shared chat renderer and `SamplingParams`), engine events
+-> OpenAI's JSON or SSE chunks. Shapes follow the OpenAI API reference (Chat Completions,
+Completions, Models). A streamed choice carries exactly one non-null ``finish_reason``; with
+``stream_options.include_usage`` a last chunk with ``choices: []`` and the usage precedes
+``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sanic import Blueprint
+from sanic import Request as HttpRequest
+from sanic import json as json_response
+
+from omlx.api.params import (
+    get_bool,
+    get_float,
+    get_int,
+    get_list,
+    get_logit_bias,
+    get_stop,
+    get_str,
+    parse_json_object,
+)
+from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_data
+from omlx.engine.chat import render_prompt
+from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
+from omlx.pool import PoolEntry
+from omlx.request import Failed, Finished, Request, SamplingParams, TextDelta, TokenLogprob, Usage
+
+bp = Blueprint("openai", url_prefix="/v1")
+
+
+def usage_json(u: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": u.num_prompt_tokens,
+        "completion_tokens": u.num_completion_tokens,
+        "total_tokens": u.num_prompt_tokens + u.num_completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.num_cached_tokens},
+    }
+
+
+def logprob_json(lp: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": lp.token,
+        "logprob": lp.logprob,
+        "bytes": lp.bytes,
+        "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in lp.top],
+    }
+
+
+def sampling_from_openai(body: dict[str, Any], entry: PoolEntry, num_prompt_tokens: int, *, chat: bool) -> SamplingParams:
+    """OpenAI sampling fields -> SamplingParams, validated; max_tokens clamped to the context.
+
+    Raises:
+        InvalidRequestError: a field has the wrong type or range (names the field).
+        ContextLengthError: the prompt alone fills the model's context.
+    """
+    ctx = entry.loaded.context_length
+    if num_prompt_tokens >= ctx:
+        raise ContextLengthError(
+            f"the prompt is {num_prompt_tokens} tokens; this model's context is {ctx} tokens", param="messages" if chat else "prompt"
+        )
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n != 1):
+        raise InvalidRequestError("'n' must be 1: this server returns one choice per request", param="n")
+    mt = get_int(body, "max_completion_tokens", None, lo=1)
+    if mt is None:
+        mt = get_int(body, "max_tokens", None, lo=1)
+    room = ctx - num_prompt_tokens
+    max_tokens = min(mt, room) if mt is not None else min(room, 4096 if chat else 16)
+    logprobs_flag = body.get("logprobs")
+    top_logprobs = 0
+    if chat:
+        want_logprobs = get_bool(body, "logprobs", False)
+        top_logprobs = get_int(body, "top_logprobs", 0, lo=0, hi=20)
+        if top_logprobs and not want_logprobs:
+            raise InvalidRequestError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+    else:  # legacy completions: logprobs is an integer 0..5
+        lp = get_int(body, "logprobs", None, lo=0, hi=5) if logprobs_flag is not None else None
+        want_logprobs = lp is not None
+        top_logprobs = lp or 0
+    seed = get_int(body, "seed", None)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=get_float(body, "temperature", 1.0, lo=0.0, hi=2.0),
+        top_p=get_float(body, "top_p", 1.0, lo=0.0, hi=1.0),
+        top_k=get_int(body, "top_k", 0, lo=0),
+        min_p=get_float(body, "min_p", 0.0, lo=0.0, hi=1.0),
+        seed=seed,
+        stop=get_stop(body),
+        presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
+        frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+        repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.01, hi=10.0),
+        logit_bias=get_logit_bias(body, len(entry.loaded.tokenizer)),
+        logprobs=want_logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def _validate_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InvalidRequestError(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool", "function"):
+            raise InvalidRequestError(f"messages[{i}].role must be one of system, developer, user, assistant, tool", param=f"messages[{i}].role")
+        c = m.get("content")
+        if c is not None and not isinstance(c, (str, list)):
+            raise InvalidRequestError(f"messages[{i}].content must be a string or an array of parts", param=f"messages[{i}].content")
+        out.append(m)
+    return out
+
+
+@dataclass(slots=True)
+class _Prepared:
+    entry: PoolEntry
+    request: Request
+    model_name: str
+    stream: bool
+    include_usage: bool
+
+
+def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
+    ctx = http.app.ctx
+    body = parse_json_object(http.body, ctx.config.max_body_bytes)
+    model_name = get_str(body, "model")
+    entry = ctx.pool.get(model_name)
+    tok = entry.loaded.tokenizer
+    if chat:
+        messages = _validate_messages(get_list(body, "messages", non_empty=True))
+        tools = get_list(body, "tools", None)
+        rendered = render_prompt(tok, messages, tools=tools or None)
+        prompt_ids = rendered.token_ids
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("'prompt' must not be empty", param="prompt")
+            prompt_ids = list(tok.encode(prompt))
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            if any(not 0 <= t < len(tok) for t in prompt):
+                raise InvalidRequestError("'prompt' holds a token id outside the vocabulary", param="prompt")
+            prompt_ids = list(prompt)
+        else:
+            raise InvalidRequestError("'prompt' must be a non-empty string or an array of token ids (one prompt per request)", param="prompt")
+    stream = get_bool(body, "stream", False)
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise InvalidRequestError("'stream_options' must be an object", param="stream_options")
+    include_usage = bool(so and so.get("include_usage") is True)
+    sampling = sampling_from_openai(body, entry, len(prompt_ids), chat=chat)
+    req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling)
+    return _Prepared(entry, req, model_name, stream, include_usage)
+
+
+def _finish_reason(f: Finished) -> str:
+    return "length" if f.finish_reason == "length" else "stop"
+
+
+@bp.get("/models")
+async def list_models(http: HttpRequest):
+    created = int(http.app.ctx.started_at)
+    data = [{"id": mid, "object": "model", "created": created, "owned_by": "omlx"} for mid in http.app.ctx.pool.listed_ids()]
+    return json_response({"object": "list", "data": data})
+
+
+@bp.get("/models/<model_id:path>")
+async def get_model(http: HttpRequest, model_id: str):
+    http.app.ctx.pool.resolve_id(model_id)
+    return json_response({"id": model_id, "object": "model", "created": int(http.app.ctx.started_at), "owned_by": "omlx"})
+
+
+@bp.post("/chat/completions")
+async def chat_completions(http: HttpRequest):
+    return await _serve(http, chat=True)
+
+
+@bp.post("/completions")
+async def completions(http: HttpRequest):
+    return await _serve(http, chat=False)
+
+
+async def _serve(http: HttpRequest, *, chat: bool):
+    p = _prepare(http, chat=chat)
+    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s)
+    es.start()
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    try:
+        if p.stream:
+            return await _stream(http, es, p, rid, created, chat)
+        return await _collect(es, p, rid, created, chat)
+    finally:
+        es.close()
+
+
+async def _collect(es: EventStream, p: _Prepared, rid: str, created: int, chat: bool):
+    parts: list[str] = []
+    lps: list[TokenLogprob] = []
+    async for ev in es.events(keepalive=False):
+        if isinstance(ev, TextDelta):
+            parts.append(ev.text)
+            if ev.logprobs:
+                lps.extend(ev.logprobs)
+        elif isinstance(ev, Failed):
+            raise ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error))
+        elif isinstance(ev, Finished):
+            text = "".join(parts)
+            want = p.request.sampling.logprobs
+            if chat:
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": {"content": [logprob_json(x) for x in lps]} if want else None,
+                    "finish_reason": _finish_reason(ev),
+                }
+                obj = "chat.completion"
+            else:
+                choice = {"index": 0, "text": text, "logprobs": _legacy_logprobs(lps) if want else None, "finish_reason": _finish_reason(ev)}
+                obj = "text_completion"
+            return json_response({
+                "id": rid, "object": obj, "created": created, "model": p.model_name,
+                "choices": [choice], "usage": usage_json(ev.usage),
+            })
+    raise EngineError("generation ended without a result")
+
+
+def _legacy_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
+    offsets, pos = [], 0
+    for x in lps:
+        offsets.append(pos)
+        pos += len(x.token)
+    return {
+        "tokens": [x.token for x in lps],
+        "token_logprobs": [x.logprob for x in lps],
+        "top_logprobs": [{t.token: t.logprob for t in x.top} for x in lps],
+        "text_offset": offsets,
+    }
+
+
+async def _stream(http: HttpRequest, es: EventStream, p: _Prepared, rid: str, created: int, chat: bool):
+    resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    want_lp = p.request.sampling.logprobs
+
+    def chunk(choice: dict[str, Any] | None, usage: Any = None, *, usage_chunk: bool = False) -> str:
+        c: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": p.model_name,
+                             "choices": [] if choice is None else [choice]}
+        if p.include_usage:
+            c["usage"] = usage
+        return sse_data(c)
+
+    def choice(delta_text: str | None, lps: list[TokenLogprob] | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if delta_text is not None:
+                delta["content"] = delta_text
+            ch: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            if want_lp:
+                ch["logprobs"] = {"content": [logprob_json(x) for x in lps]} if lps else None
+            else:
+                ch["logprobs"] = None
+            return ch
+        return {"index": 0, "text": delta_text or "", "logprobs": _legacy_logprobs(lps) if (want_lp and lps) else None, "finish_reason": finish}
+
+    if chat:
+        await resp.send(chunk(choice("", None, None, role=True)))
+    async for ev in es.events():
+        if ev is KEEPALIVE:
+            await resp.send(SSE_COMMENT_KEEPALIVE)
+        elif isinstance(ev, TextDelta):
+            if ev.text or (want_lp and ev.logprobs):
+                await resp.send(chunk(choice(ev.text, ev.logprobs, None)))
+        elif isinstance(ev, Failed):
+            err = ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error))
+            await resp.send(sse_data(err.openai_body()))
+            await resp.send("data: [DONE]\n\n")
+            break
+        elif isinstance(ev, Finished):
+            await resp.send(chunk(choice(None, None, _finish_reason(ev)) if chat else choice("", None, _finish_reason(ev))))
+            if p.include_usage:
+                await resp.send(chunk(None, usage_json(ev.usage)))
+            await resp.send("data: [DONE]\n\n")
+    await resp.eof()
+    return resp

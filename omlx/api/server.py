@@ -1,0 +1,118 @@
+"""Starting the server process: checks, model loading and warm-up, then Sanic.
+
+Order matters: refuse an unsafe bind and a busy port first (seconds), then load and warm up
+every model (minutes at worst), and only then listen, so a client never meets a half-ready
+server.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omlx.config import ServerConfig
+from omlx.errors import OmlxError
+
+logger = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(cfg: ServerConfig) -> str | None:
+    """Why the server must not start on this address, or None."""
+    if not is_loopback(cfg.host) and not cfg.api_key:
+        return (f"refusing to bind {cfg.host} without an API key: anyone on the network could use it. "
+                "Set --api-key (or OMLX_API_KEY), or bind 127.0.0.1.")
+    fam = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((cfg.host, cfg.port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"port {cfg.port} on {cfg.host} is already in use; pick another with --port"
+            return f"cannot bind {cfg.host}:{cfg.port}: {e.strerror}"
+    return None
+
+
+def make_private_dir(path: Path) -> None:
+    """Create a folder readable only by this user (0700)."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chmod(path, 0o700)
+    except OSError:
+        logger.warning("could not set permissions 0700 on %s", path)
+
+
+def startup_status(cfg: ServerConfig) -> dict[str, Any]:
+    """BLAS, versions and every known slow path (logged as warnings, shown in /health)."""
+    import mlx.core as mx
+    import mlx_lm
+
+    from omlx import __version__
+    from omlx.kernels.blas import detect_blas
+
+    blas = detect_blas()
+    slow: list[str] = []
+    if not blas.fast:
+        slow.append(blas.advice)
+    for msg in slow:
+        logger.warning("SLOW PATH: %s", msg)
+    logger.info("BLAS in use: %s (%s)", blas.name, blas.path or "-")
+    return {
+        "version": __version__,
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "device": str(mx.default_device()),
+        "blas": blas.as_dict(),
+        "slow_paths": slow,
+    }
+
+
+def run_server(cfg: ServerConfig) -> int:
+    """Run until interrupted. Returns the process exit code (2 for a refused start)."""
+    reason = check_bind(cfg)
+    if reason:
+        logger.error("%s", reason)
+        return 2
+    for d in (cfg.base_dir, cfg.models_dir):
+        make_private_dir(d)
+    status = startup_status(cfg)
+
+    from omlx.api.app import create_app
+    from omlx.pool import EnginePool, load_entry
+
+    pool = EnginePool(cfg.aliases)
+    specs = list(cfg.models) or [None]
+    try:
+        for spec in specs:
+            entry = load_entry(spec, cfg, progress=sys.stderr.isatty())
+            pool.add(entry)
+            if entry.cache_note:
+                logger.warning("prefix cache for %s: %s", entry.loaded.model_id, entry.cache_note)
+    except OmlxError as e:
+        logger.error("cannot start: %s", e.message)
+        pool.stop()
+        return 1
+    app = create_app(cfg, pool, status)
+    logger.info("omlx ready on http://%s:%d (models: %s)", cfg.host, cfg.port, ", ".join(pool.listed_ids()))
+    try:
+        app.run(host=cfg.host, port=cfg.port, single_process=True, motd=False, access_log=False,
+                debug=False, auto_reload=False)
+    finally:
+        pool.stop()
+    return 0

@@ -1,0 +1,1 @@
+"""The `omlx` command line: one Typer sub-app per noun."""

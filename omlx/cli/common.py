@@ -1,0 +1,32 @@
+"""Helpers shared by CLI commands: logging set-up and config from flags."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import typer
+
+from omlx.config import ServerConfig, load_config
+from omlx.errors import OmlxError
+
+
+def setup_logging(level: str = "INFO") -> None:
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(message)s",
+        datefmt="[%X]",
+        handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
+        force=True,
+    )
+
+
+def config_from(flags: dict[str, Any], config_file: str | None) -> ServerConfig:
+    """Build the config or exit with the reason (exit code 2)."""
+    try:
+        return load_config(flags, config_file=config_file)
+    except OmlxError as e:
+        typer.echo(f"omlx: {e.message}", err=True)
+        raise typer.Exit(2) from e

@@ -1,0 +1,17 @@
+"""`omlx` root command: registers one sub-app per noun. Heavy imports live in command bodies."""
+
+from __future__ import annotations
+
+import typer
+
+from omlx.cli import models as models_cli
+from omlx.cli import serve as serve_cli
+
+app = typer.Typer(name="omlx", help="A local LLM inference server on MLX.", no_args_is_help=True, add_completion=False)
+app.command("serve", help="Run the server (OpenAI and Anthropic APIs).")(serve_cli.serve)
+app.add_typer(models_cli.app, name="models")
+
+
+@app.callback()
+def _root() -> None:
+    """omlx: serve local models over the OpenAI and Anthropic APIs."""

@@ -1,0 +1,60 @@
+"""`omlx serve`: load models, warm them up, then listen."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from omlx.cli.common import config_from, setup_logging
+
+logger = logging.getLogger("omlx.serve")
+
+
+def serve(
+    model: Annotated[Optional[list[str]], typer.Option("--model", "-m", help="Served id, mlx-lm folder or .gguf file; repeat for several. Default: the embedded SmolLM2-135M-Instruct.")] = None,
+    host: Annotated[Optional[str], typer.Option(help="Address to bind (default 127.0.0.1). Any other address needs an API key.")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
+    max_concurrent_requests: Annotated[Optional[int], typer.Option(help="Requests decoding at once per model (default 8).")] = None,
+    base_path: Annotated[Optional[str], typer.Option(help="omlx's home: models, cache, config (default ~/.omlx).")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", help="TOML config file (default <base-path>/config.toml).")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Require this key (Authorization: Bearer or x-api-key).")] = None,
+    block_size: Annotated[Optional[int], typer.Option(help="KV block size in tokens (default 256).")] = None,
+    hot_cache_max_size: Annotated[Optional[str], typer.Option(help="RAM budget of the hot KV tier, e.g. 2GB (default: derived from memory).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Turn the prefix cache off.")] = False,
+    log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
+) -> None:
+    flags = {
+        "models": tuple(model) if model else None,
+        "host": host,
+        "port": port,
+        "max_concurrent_requests": max_concurrent_requests,
+        "base_path": base_path,
+        "api_key": api_key,
+        "cache.block_size": block_size,
+        "cache.hot_cache_max_bytes": hot_cache_max_size,
+        "cache.enabled": False if no_cache else None,
+        "log_level": log_level,
+    }
+    cfg = config_from(flags, config)
+    _maybe_reexec_with_blas(cfg.preload_blas)
+    setup_logging(cfg.log_level)
+    from omlx.api.server import run_server
+
+    raise typer.Exit(run_server(cfg))
+
+
+def _maybe_reexec_with_blas(enabled: bool) -> None:
+    """On Linux, re-run this process with OpenBLAS preloaded (MLX's wheel links reference BLAS)."""
+    if not enabled or os.environ.get("OMLX_BLAS_REEXEC") == "1":
+        return
+    from omlx.kernels.blas import preload_env
+
+    env = preload_env(dict(os.environ))
+    if env is None:
+        return
+    env["OMLX_BLAS_REEXEC"] = "1"
+    os.execve(sys.executable, [sys.executable, "-m", "omlx", *sys.argv[1:]], env)

@@ -1,0 +1,133 @@
+"""Rendering a conversation into prompt tokens with the model's own chat template.
+
+All three APIs (OpenAI chat, Anthropic messages, OpenAI responses) convert their input into the
+neutral message list below and call `render_prompt`. Normalisation applied everywhere:
+
+- every ``system``/``developer`` message, wherever it stands, is merged into one leading system
+  message, in order, joined with blank lines (templates such as Qwen's reject a later one);
+- content given as a list of text parts is joined into a string;
+- a trailing ``assistant`` message is a prefill: the prompt ends right after its text, with no
+  end-of-turn and no new assistant header (``continue_final_message``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omlx.errors import InvalidRequestError
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    """Attributes:
+    token_ids: the prompt's token ids.
+    text: the templated prompt text.
+    prefill: True when the prompt continues a trailing assistant message.
+    """
+
+    token_ids: list[int]
+    text: str
+    prefill: bool
+
+
+def content_text(content: Any, *, param: str = "messages") -> str:
+    """Join OpenAI/Anthropic content (a string or a list of text parts) into one string.
+
+    Raises:
+        InvalidRequestError: for a part that is neither a string nor has text.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out: list[str] = []
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict):
+                if part.get("type") in ("text", "input_text", "output_text") or "text" in part:
+                    text = part.get("text")
+                    if not isinstance(text, str):
+                        raise InvalidRequestError(f"{param}: content part {i} has no text string", param=param)
+                    out.append(text)
+                elif part.get("type") in ("image_url", "image", "input_image", "input_audio", "document", "file"):
+                    raise InvalidRequestError(
+                        f"{param}: content part {i} of type {part.get('type')!r} is not supported by this text model",
+                        param=param,
+                    )
+                else:
+                    raise InvalidRequestError(f"{param}: content part {i} has unknown type {part.get('type')!r}", param=param)
+            else:
+                raise InvalidRequestError(f"{param}: content part {i} must be an object", param=param)
+        return "".join(out)
+    raise InvalidRequestError(f"{param}: content must be a string or a list of parts", param=param)
+
+
+def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge system/developer messages into one leading system message (see module doc).
+
+    Messages keep any extra keys (``tool_calls``, ``tool_call_id``, ``name``) for the template.
+    """
+    system_parts: list[str] = []
+    rest: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role in ("system", "developer"):
+            text = content_text(m.get("content"))
+            if text:
+                system_parts.append(text)
+        else:
+            mm = dict(m)
+            if not isinstance(mm.get("content"), str) and mm.get("content") is not None:
+                mm["content"] = content_text(mm.get("content"))
+            rest.append(mm)
+    if system_parts:
+        return [{"role": "system", "content": "\n\n".join(system_parts)}] + rest
+    return rest
+
+
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    enable_thinking: bool | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> RenderedPrompt:
+    """Apply the model's chat template to normalized messages.
+
+    Args:
+        tokenizer: mlx-lm's TokenizerWrapper (HF tokenizer inside).
+        messages: role/content dicts (roles: system, user, assistant, tool).
+        tools: OpenAI-style function tools for templates that take them.
+        enable_thinking: passed to templates with a thinking switch (None: template default).
+
+    Raises:
+        InvalidRequestError: no messages, or the template rejects the conversation.
+    """
+    msgs = normalize_messages(messages)
+    if not msgs:
+        raise InvalidRequestError("messages must contain at least one user or assistant message", param="messages")
+    prefill = msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls")
+    kwargs: dict[str, Any] = dict(template_kwargs or {})
+    if tools:
+        kwargs["tools"] = tools
+    if enable_thinking is not None:
+        kwargs["enable_thinking"] = enable_thinking
+    if getattr(tokenizer, "has_chat_template", True) and getattr(tokenizer, "chat_template", None) is not None:
+        try:
+            text = tokenizer.apply_chat_template(
+                msgs,
+                tokenize=False,
+                add_generation_prompt=not prefill,
+                continue_final_message=prefill,
+                **kwargs,
+            )
+        except Exception as e:  # jinja raise_exception() and template errors are client-visible
+            raise InvalidRequestError(f"the model's chat template rejected the messages: {e}", param="messages") from e
+    else:
+        text = "\n".join(m.get("content") or "" for m in msgs)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return RenderedPrompt(token_ids=list(ids), text=text, prefill=prefill)

@@ -1,0 +1,405 @@
+"""One engine per loaded model: a thread that owns MLX and drives mlx-lm's BatchGenerator.
+
+The engine turns `Request`s into typed `GenerationEvent`s delivered to a per-request sink (the
+API layer's asyncio queue). It owns: admission through the `Scheduler`, prompt segmentation at
+KV-block boundaries, the prefix-cache lease of each request, detokenization and stop strings,
+logprobs, aborts, and failure isolation (a failing batch step fails the requests in it, never
+the thread). It must not: speak HTTP, read config files, or know about API shapes.
+
+MLX belongs to this one thread (STYLE.md habit 10): every mlx call on the model happens here.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from omlx.engine.output import OutputState, token_bytes
+from omlx.engine.sampling import make_processors, make_sampler
+from omlx.errors import EngineError
+from omlx.request import (
+    Failed,
+    Finished,
+    GenerationEvent,
+    PrefillProgress,
+    Request,
+    RequestStatus,
+    TextDelta,
+    TokenLogprob,
+    Usage,
+)
+from omlx.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[GenerationEvent], None]
+
+
+class PrefixLease(Protocol):
+    """What a prefix cache hands the engine for one request."""
+
+    num_cached_tokens: int
+    num_cached_tokens_cold: int
+    caches: list[Any] | None
+
+
+class PrefixCache(Protocol):
+    """The engine's view of the KV cache tiers (implemented in omlx.engine.kv_cache)."""
+
+    def acquire(self, token_ids: list[int]) -> PrefixLease: ...
+
+    def store(self, lease: PrefixLease, prompt_cache: list[Any], token_ids: list[int]) -> None: ...
+
+    def release(self, lease: PrefixLease) -> None: ...
+
+
+@dataclass(slots=True)
+class _Running:
+    request: Request
+    sink: Sink
+    uid: int
+    output: OutputState
+    lease: PrefixLease | None
+    num_cached_tokens: int = 0
+    num_cached_tokens_cold: int = 0
+    num_generated: int = 0
+    first_token_s: float | None = None
+    start_s: float = field(default_factory=time.monotonic)
+
+
+def split_segments(token_ids: list[int], start: int, block_size: int) -> list[list[int]]:
+    """Split ``token_ids[start:]`` at absolute multiples of ``block_size``.
+
+    Every block is then prefilled by the same computation whether or not earlier blocks came
+    from the cache, which is what keeps cached and uncached greedy output identical.
+
+    Returns:
+        Non-empty segments whose concatenation is ``token_ids[start:]``.
+    """
+    segments: list[list[int]] = []
+    pos = start
+    n = len(token_ids)
+    while pos < n:
+        end = min(n, (pos // block_size + 1) * block_size)
+        segments.append(token_ids[pos:end])
+        pos = end
+    return segments
+
+
+class Engine:
+    """Continuous batching for one model on its own thread.
+
+    Args:
+        model_id: the served id.
+        model: an mlx-lm model (``nn.Module``).
+        tokenizer: mlx-lm's ``TokenizerWrapper``.
+        scheduler: admission control (max running, max waiting).
+        prefix_cache: the KV cache tiers, or None to run without a cache.
+        block_size: KV block size in tokens (segments are cut at its multiples).
+        prefill_step_size: most prompt tokens one forward pass processes per sequence.
+    """
+
+    def __init__(
+        self,
+        model_id: str,
+        model: Any,
+        tokenizer: Any,
+        *,
+        scheduler: Scheduler,
+        prefix_cache: PrefixCache | None = None,
+        block_size: int = 256,
+        prefill_step_size: int = 2048,
+    ):
+        self.model_id = model_id
+        self.model = model
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.prefix_cache = prefix_cache
+        self.block_size = block_size
+        self.prefill_step_size = prefill_step_size
+        self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
+        self._sinks: dict[str, Sink] = {}
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._gen: BatchGenerator | None = None
+        self._by_uid: dict[int, _Running] = {}
+        self._by_rid: dict[str, _Running] = {}
+        self.num_batch_failures = 0
+        self.last_error: str | None = None
+
+    # ---- called from any thread -------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"engine-{self.model_id}", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread; running requests get an ``abort`` finish."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def submit(self, request: Request, sink: Sink) -> None:
+        """Queue a request; events go to ``sink`` from the engine thread.
+
+        Raises:
+            RateLimitError: the queue is full.
+            EngineError: the engine is not running.
+        """
+        if not self.alive:
+            raise EngineError(f"engine for {self.model_id} is not running")
+        self._sinks[request.request_id] = sink
+        try:
+            self.scheduler.add(request)
+        except Exception:
+            self._sinks.pop(request.request_id, None)
+            raise
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (client went away); its slot is freed on the next step."""
+        self._aborts.put(request_id)
+        self._wake.set()
+
+    def run_sync(self, request: Request, timeout_s: float = 600.0) -> list[GenerationEvent]:
+        """Run one request to completion from a non-engine thread (warm-up, tools, tests).
+
+        Returns:
+            Every event of the request, the last being Finished or Failed.
+
+        Raises:
+            EngineError: no final event within ``timeout_s``.
+        """
+        events: list[GenerationEvent] = []
+        done = threading.Event()
+
+        def sink(ev: GenerationEvent) -> None:
+            events.append(ev)
+            if isinstance(ev, (Finished, Failed)):
+                done.set()
+
+        self.submit(request, sink)
+        if not done.wait(timeout_s):
+            self.abort(request.request_id)
+            raise EngineError(f"request {request.request_id} did not finish within {timeout_s:.0f} s")
+        return events
+
+    def num_active(self) -> int:
+        """Requests known to the engine thread (running + being admitted)."""
+        return len(self._by_rid)
+
+    # ---- engine thread ----------------------------------------------------------------
+
+    def _new_generator(self) -> BatchGenerator:
+        n = self.scheduler.max_running
+        return BatchGenerator(
+            self.model,
+            max_tokens=256,
+            stop_tokens=[(t,) for t in self.tokenizer.eos_token_ids],
+            completion_batch_size=n,
+            prefill_batch_size=n,
+            prefill_step_size=self.prefill_step_size,
+        )
+
+    def _loop(self) -> None:
+        self._gen = self._new_generator()
+        while not self._stopping:
+            self._handle_aborts()
+            self._admit()
+            if not self._by_uid:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                prompt_resps, gen_resps = self._gen.next()
+            except Exception as e:  # a failing step fails its requests, never the thread
+                self._fail_all(e)
+                continue
+            for pr in prompt_resps:
+                st = self._by_uid.get(pr.uid)
+                if st is not None and not pr.end_of_prompt:
+                    done, total = pr.progress
+                    st.sink(PrefillProgress(st.num_cached_tokens + done, st.num_cached_tokens + total))
+            for r in gen_resps:
+                try:
+                    self._on_token(r)
+                except Exception as e:
+                    st = self._by_uid.get(r.uid)
+                    if st is not None:
+                        logger.exception("request %s failed while emitting output", st.request.request_id)
+                        self._drop(st, remove=r.finish_reason is None)
+                        st.sink(Failed(EngineError(f"generation failed: {e}")))
+        for st in list(self._by_uid.values()):
+            self._finish(st, "abort", remove=False, prompt_cache=None, all_tokens=None)
+
+    def _fail_all(self, error: Exception) -> None:
+        self.num_batch_failures += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+        logger.exception("batch step failed; failing %d request(s) and resetting the batch", len(self._by_uid))
+        for st in list(self._by_uid.values()):
+            self._drop(st, remove=False)
+            st.sink(Failed(EngineError(f"generation failed: {type(error).__name__}: {error}")))
+        self._gen = self._new_generator()
+
+    def _handle_aborts(self) -> None:
+        while True:
+            try:
+                rid = self._aborts.get_nowait()
+            except queue.Empty:
+                return
+            st = self._by_rid.get(rid)
+            if st is not None:
+                self._finish(st, "abort", remove=True, prompt_cache=None, all_tokens=None)
+            elif (req := self.scheduler.remove_waiting(rid)) is not None:
+                sink = self._sinks.pop(rid, None)
+                if sink is not None:
+                    sink(Finished("abort", Usage(req.num_prompt_tokens, 0)))
+
+    def _admit(self) -> None:
+        for req in self.scheduler.admit():
+            sink = self._sinks.pop(req.request_id, None)
+            if sink is None:  # aborted between add and admit
+                self.scheduler.finish(req.request_id, RequestStatus.ABORTED)
+                continue
+            try:
+                self._insert(req, sink)
+            except Exception as e:
+                logger.exception("could not start request %s", req.request_id)
+                self.scheduler.finish(req.request_id, RequestStatus.FAILED)
+                sink(Failed(EngineError(f"could not start generation: {e}")))
+
+    def _insert(self, req: Request, sink: Sink) -> None:
+        tokens = req.prompt_token_ids
+        lease = self.prefix_cache.acquire(tokens) if self.prefix_cache is not None else None
+        num_cached = lease.num_cached_tokens if lease is not None else 0
+        caches = [lease.caches] if lease is not None and lease.caches is not None else None
+        p = req.sampling
+        try:
+            (uid,) = self._gen.insert_segments(
+                [split_segments(tokens, num_cached, self.block_size)],
+                max_tokens=[p.max_tokens],
+                caches=caches,
+                all_tokens=[list(tokens[:num_cached])] if caches else None,
+                samplers=[make_sampler(p)],
+                logits_processors=[make_processors(p)],
+                stop_sequences=[self._stop_sequences],
+            )
+        except Exception:
+            if lease is not None:
+                self.prefix_cache.release(lease)
+            raise
+        st = _Running(
+            request=req,
+            sink=sink,
+            uid=uid,
+            output=OutputState(self.tokenizer.detokenizer, p.stop),
+            lease=lease,
+            num_cached_tokens=num_cached,
+            num_cached_tokens_cold=lease.num_cached_tokens_cold if lease is not None else 0,
+        )
+        self._by_uid[uid] = st
+        self._by_rid[req.request_id] = st
+
+    def _logprob(self, st: _Running, token: int, logprobs: mx.array) -> TokenLogprob:
+        k = st.request.sampling.top_logprobs
+        value = logprobs[token].item()
+        top: list[TokenLogprob] = []
+        if k > 0:
+            idx = mx.argpartition(-logprobs, k - 1)[:k]
+            vals = logprobs[idx]
+            pairs = sorted(zip(idx.tolist(), vals.tolist()), key=lambda x: -x[1])
+            top = [self._token_logprob(t, v) for t, v in pairs]
+        tl = self._token_logprob(token, value)
+        tl.top = top
+        return tl
+
+    def _token_logprob(self, token: int, value: float) -> TokenLogprob:
+        raw = token_bytes(self.tokenizer, token)
+        return TokenLogprob(token=raw.decode("utf-8", errors="replace"), logprob=value, bytes=list(raw))
+
+    def _on_token(self, r: Any) -> None:
+        st = self._by_uid.get(r.uid)
+        if st is None:
+            return
+        now = time.monotonic()
+        if st.first_token_s is None:
+            st.first_token_s = now
+        is_eos = r.finish_reason == "stop"
+        if not is_eos:
+            st.num_generated += 1
+            lp = self._logprob(st, r.token, r.logprobs) if st.request.sampling.logprobs else None
+            text = st.output.add(r.token, lp)
+            if text:
+                ids, lps = st.output.take_tokens()
+                st.sink(TextDelta(text, ids, lps if st.request.sampling.logprobs else None))
+        if st.output.matched_stop is not None:
+            if r.finish_reason is None:
+                caches = self._gen.remove([r.uid], return_prompt_caches=True).get(r.uid)
+                pc, toks = caches if caches else (None, None)
+                self._finish(st, "stop", remove=False, prompt_cache=pc, all_tokens=toks)
+            else:
+                self._finish(st, "stop", remove=False, prompt_cache=r.prompt_cache, all_tokens=r.all_tokens)
+        elif r.finish_reason is not None:
+            self._finish(st, "stop" if is_eos else "length", remove=False,
+                         prompt_cache=r.prompt_cache, all_tokens=r.all_tokens)
+
+    def _drop(self, st: _Running, *, remove: bool) -> None:
+        """Forget a request and free its slot and lease, without any event."""
+        self._by_uid.pop(st.uid, None)
+        self._by_rid.pop(st.request.request_id, None)
+        if remove:
+            try:
+                self._gen.remove([st.uid])
+            except Exception:
+                logger.exception("could not remove uid %d from the batch", st.uid)
+        if st.lease is not None and self.prefix_cache is not None:
+            self.prefix_cache.release(st.lease)
+            st.lease = None
+        self.scheduler.finish(st.request.request_id, RequestStatus.FAILED)
+
+    def _finish(self, st: _Running, reason: str, *, remove: bool, prompt_cache: Any, all_tokens: Any) -> None:
+        self._by_uid.pop(st.uid, None)
+        self._by_rid.pop(st.request.request_id, None)
+        if remove:
+            self._gen.remove([st.uid])
+        tail = st.output.finish() if reason != "abort" else ""
+        ids, lps = st.output.take_tokens()
+        if tail or (ids and st.request.sampling.logprobs):
+            st.sink(TextDelta(tail, ids, lps if st.request.sampling.logprobs else None))
+        if st.lease is not None and self.prefix_cache is not None:
+            try:
+                if prompt_cache is not None and all_tokens is not None:
+                    self.prefix_cache.store(st.lease, prompt_cache, list(all_tokens))
+            except Exception:
+                logger.exception("could not store KV blocks of %s", st.request.request_id)
+            finally:
+                self.prefix_cache.release(st.lease)
+                st.lease = None
+        status = RequestStatus.ABORTED if reason == "abort" else RequestStatus.FINISHED
+        self.scheduler.finish(st.request.request_id, status)
+        now = time.monotonic()
+        usage = Usage(
+            num_prompt_tokens=st.request.num_prompt_tokens,
+            num_completion_tokens=st.num_generated,
+            num_cached_tokens=st.num_cached_tokens,
+            num_cached_tokens_cold=st.num_cached_tokens_cold,
+            ttft_s=(st.first_token_s - st.request.arrival_s) if st.first_token_s else None,
+            total_s=now - st.request.arrival_s,
+        )
+        st.sink(Finished(reason, usage, st.output.matched_stop))

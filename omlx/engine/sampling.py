@@ -1,0 +1,77 @@
+"""Per-request samplers and logits processors, built from mlx-lm's pieces.
+
+Greedy requests share one sampler object so mlx-lm's BatchGenerator samples them in one
+batched call; a request with temperature > 0 gets its own sampler. A ``seed`` gives the
+request its own PRNG key chain (``mx.random.split``), so its samples do not depend on what
+else is in the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    categorical_sampling,
+    greedy_sampler,
+    make_logits_processors,
+)
+
+from omlx.request import SamplingParams
+
+Sampler = Callable[[mx.array], mx.array]
+
+
+def make_sampler(params: SamplingParams) -> Sampler:
+    """A sampler for one request.
+
+    Args:
+        params: the request's sampling settings.
+
+    Returns:
+        A callable taking log-probabilities (B, V) float32 and returning token ids (B,) uint32.
+        Greedy requests get mlx-lm's shared ``greedy_sampler``.
+    """
+    if params.greedy:
+        return greedy_sampler
+    filters: list[Callable[[mx.array], mx.array]] = []
+    if 0.0 < params.top_p < 1.0:
+        filters.append(lambda x: apply_top_p(x, params.top_p))
+    if params.min_p > 0.0:
+        filters.append(lambda x: apply_min_p(x, params.min_p, 1))
+    if params.top_k > 0:
+        filters.append(lambda x: apply_top_k(x, params.top_k))
+    temp = params.temperature
+    key = [mx.random.key(params.seed)] if params.seed is not None else None
+
+    def sampler(logprobs: mx.array) -> mx.array:
+        for f in filters:
+            logprobs = f(logprobs)
+        if key is None:
+            return categorical_sampling(logprobs, temp)
+        key[0], sub = mx.random.split(key[0])
+        return mx.random.categorical(logprobs * (1.0 / temp), key=sub)
+
+    return sampler
+
+
+def make_processors(params: SamplingParams) -> list[Callable[[mx.array, mx.array], mx.array]]:
+    """Logits processors (penalties, logit bias) for one request; empty when none apply.
+
+    Penalties look back over the whole generated text (context = max_tokens), as OpenAI's do.
+    """
+    if not params.needs_processors:
+        return []
+    ctx = max(params.max_tokens, 20)
+    return make_logits_processors(
+        logit_bias=dict(params.logit_bias) or None,
+        repetition_penalty=params.repetition_penalty if params.repetition_penalty != 1.0 else None,
+        repetition_context_size=ctx,
+        presence_penalty=params.presence_penalty or None,
+        presence_context_size=ctx,
+        frequency_penalty=params.frequency_penalty or None,
+        frequency_context_size=ctx,
+    )

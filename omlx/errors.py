@@ -1,0 +1,143 @@
+"""The one OmlxError tree.
+
+Each class knows its HTTP status and how it looks in both API error shapes. The API layer
+maps exceptions to responses in one place (`omlx.api.errors`); nothing else builds error JSON.
+
+    OmlxError (500, api_error)
+    ├── InvalidRequestError (400)        a client's mistake: names the parameter
+    │   ├── ContextLengthError (400)     prompt + max_tokens > the model's context
+    │   └── PayloadTooLargeError (413)
+    ├── AuthenticationError (401)
+    ├── NotFoundError (404)
+    │   └── ModelNotFoundError (404, code model_not_found)
+    ├── RateLimitError (429)             queue full: carries retry_after_s
+    ├── OverloadedError (529)
+    ├── InsufficientMemoryError (507)    a model that cannot fit: carries the numbers
+    ├── ModelImportError (500)           a model file or folder that cannot be imported
+    ├── PlanError (400)                  a cluster plan that cannot fit
+    └── EngineError (500)                generation failed for this request only
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OmlxError(Exception):
+    """Base of every error omlx raises on purpose.
+
+    Attributes:
+        status: HTTP status code.
+        openai_type: ``error.type`` in OpenAI's shape.
+        anthropic_type: ``error.type`` in Anthropic's shape.
+        param: the request parameter at fault, or None.
+        code: OpenAI's ``error.code``, or None.
+    """
+
+    status = 500
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def openai_body(self) -> dict[str, Any]:
+        """``{"error": {"message", "type", "param", "code"}}`` (OpenAI API reference, Errors)."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.openai_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """``{"type": "error", "error": {"type", "message"}}`` (Anthropic API reference, Errors)."""
+        return {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (e.g. ``retry-after``)."""
+        return {}
+
+
+class InvalidRequestError(OmlxError):
+    status = 400
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+
+
+class ContextLengthError(InvalidRequestError):
+    code = "context_length_exceeded"
+
+
+class PayloadTooLargeError(InvalidRequestError):
+    status = 413
+    anthropic_type = "request_too_large"
+
+
+class AuthenticationError(OmlxError):
+    status = 401
+    openai_type = "authentication_error"
+    anthropic_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFoundError(OmlxError):
+    status = 404
+    openai_type = "invalid_request_error"
+    anthropic_type = "not_found_error"
+
+
+class ModelNotFoundError(NotFoundError):
+    code = "model_not_found"
+
+    def __init__(self, model: str):
+        super().__init__(f"The model '{model}' does not exist", param="model")
+        self.model = model
+
+
+class RateLimitError(OmlxError):
+    status = 429
+    openai_type = "rate_limit_error"
+    anthropic_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
+
+
+class OverloadedError(OmlxError):
+    status = 529
+    openai_type = "server_error"
+    anthropic_type = "overloaded_error"
+
+
+class InsufficientMemoryError(OmlxError):
+    status = 507
+    openai_type = "insufficient_storage"
+    anthropic_type = "api_error"
+    code = "insufficient_memory"
+
+
+class ModelImportError(OmlxError):
+    """A model file or folder that cannot be imported (bad checksum, unknown architecture)."""
+
+
+class PlanError(OmlxError):
+    status = 400
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+
+
+class EngineError(OmlxError):
+    """Generation failed for one request; the engine keeps serving the others."""

@@ -1,0 +1,1 @@
+"""Native kernels and the status of every fast path (BLAS, kernels): never a silent slow path."""

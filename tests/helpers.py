@@ -1,0 +1,102 @@
+"""Test helpers: the shared test home, and starting a real `omlx serve` process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_HOME = Path(os.environ.get("OMLX_TEST_HOME", REPO / ".omlx-test"))
+MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_model_dir() -> Path:
+    """The embedded default model, imported once into the shared test home."""
+    from omlx.engine.embedded import ensure_default_model
+
+    return ensure_default_model(TEST_HOME / "models", progress=False)
+
+
+class ServerProcess:
+    """A real `omlx serve` child process on a free port.
+
+    Args:
+        args: extra CLI arguments.
+        base_path: omlx home; defaults to the shared test home (models imported once).
+        env: extra environment variables.
+    """
+
+    def __init__(self, args: list[str] | None = None, base_path: Path | None = None,
+                 env: dict[str, str] | None = None, port: int | None = None):
+        self.port = port or free_port()
+        self.base_path = base_path or TEST_HOME
+        self.args = args or []
+        self.env = {**os.environ, **(env or {})}
+        self.env.setdefault("OMLX_LOG_LEVEL", "INFO")
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.base_path / f"server-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 600) -> "ServerProcess":
+        default_model_dir()  # import once, outside the server's start-up time
+        self.base_path.mkdir(parents=True, exist_ok=True)
+        if self.base_path != TEST_HOME:
+            models = self.base_path / "models"
+            if not models.exists():
+                models.symlink_to(TEST_HOME / "models", target_is_directory=True)
+        self._log = open(self.log_path, "w")
+        cmd = [sys.executable, "-m", "omlx", "serve", "--port", str(self.port),
+               "--base-path", str(self.base_path), *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"omlx serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code in (200, 503):
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"omlx serve did not become ready in {timeout_s}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()[-8000:]
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
