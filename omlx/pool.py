@@ -134,8 +134,6 @@ def build_prefix_cache(loaded: LoadedModel, config: ServerConfig):
         note = f"off: cache classes {sorted(set(loaded.cache_classes))} cannot be cut into exact blocks"
         logger.warning("prefix cache for %s is %s", loaded.model_id, note)
         return None, note
-    try:
-        from omlx.engine.kv_cache import make_prefix_cache
-    except ImportError:
-        return None, "off (not built)"
+    from omlx.engine.kv_cache import make_prefix_cache
+
     return make_prefix_cache(loaded, config), ""

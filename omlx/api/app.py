@@ -70,7 +70,7 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
         pool: loaded engines.
         status: startup report (BLAS, slow paths, versions) shown in ``/health``.
     """
-    app = Sanic(name, error_handler=OmlxErrorHandler())
+    app = Sanic(name, error_handler=OmlxErrorHandler(), configure_logging=False)
     app.config.REQUEST_MAX_SIZE = config.max_body_bytes
     app.config.REQUEST_MAX_HEADER_SIZE = 64 * 1024
     app.config.RESPONSE_TIMEOUT = 3600
@@ -101,6 +101,14 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     async def health(http: HttpRequest):
         body, code = health_report(pool, app.ctx.status)
         return json_response(body, status=code)
+
+    @app.get("/v1/cache/stats")
+    async def cache_stats(http: HttpRequest):
+        out = {}
+        for e in pool.entries():
+            pc = e.engine.prefix_cache
+            out[e.loaded.model_id] = {"enabled": pc is not None, "note": e.cache_note, **({"hot": pc.stats()} if pc else {})}
+        return json_response({"models": out})
 
     app.blueprint(openai_routes.bp)
     return app

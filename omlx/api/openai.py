@@ -294,4 +294,4 @@ async def _stream(http: HttpRequest, es: EventStream, p: _Prepared, rid: str, cr
                 await resp.send(chunk(None, usage_json(ev.usage)))
             await resp.send("data: [DONE]\n\n")
     await resp.eof()
-    return resp
+    return None

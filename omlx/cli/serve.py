@@ -44,7 +44,14 @@ def serve(
     setup_logging(cfg.log_level)
     from omlx.api.server import run_server
 
-    raise typer.Exit(run_server(cfg))
+    code = run_server(cfg)
+    # MLX's C++ runtime aborts ("terminate called without an active exception") when its
+    # stream threads are torn down by interpreter finalization; everything is already stopped
+    # and flushed here, so leave without finalization.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _maybe_reexec_with_blas(enabled: bool) -> None:

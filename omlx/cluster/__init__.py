@@ -1,0 +1,1 @@
+"""Cluster mode: membership, the byte-aware pipeline planner, the mx.distributed group, stages."""

@@ -1,0 +1,88 @@
+"""The import contract of DESIGN.md, checked on the source (AST), so a wrong import fails CI.
+
+cli -> {api, cluster, bench} -> pool -> engine -> scheduler -> cache -> {memory, kernels,
+tool_parsers, profiles} -> {request, config, errors}; api and cluster never import each other;
+sanic only in api/, typer only in cli/, zeroconf only in cluster/discovery.py; the pure core
+imports neither mlx nor numpy.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "omlx"
+
+LEVEL = {
+    "cli": 0,
+    "api": 1, "cluster": 1, "bench": 1,
+    "pool": 2,
+    "engine": 3,
+    "scheduler": 4,
+    "cache": 5,
+    "memory": 6, "kernels": 6, "tool_parsers": 6, "profiles": 6,
+    "request": 7, "config": 7, "errors": 7.5,
+    "__init__": 8, "__main__": -1,
+}
+PURE = ["cache/hashing.py", "cache/paged.py", "scheduler.py", "cluster/plan.py"]
+
+
+def _unit(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+MODULES = sorted(p for p in PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_imports_go_downward(path):
+    unit = _unit(path)
+    if unit not in LEVEL:
+        pytest.fail(f"{path.relative_to(PKG)}: top-level unit {unit!r} is not in DESIGN.md's layout")
+    for name in _imports(path):
+        parts = name.split(".")
+        if parts[0] != "omlx" or len(parts) < 2:
+            continue
+        target = parts[1]
+        if target == unit:
+            continue
+        assert target in LEVEL, f"{path}: imports unknown unit omlx.{target}"
+        assert LEVEL[target] > LEVEL[unit] or unit == "__main__", (
+            f"{path.relative_to(PKG)} (level {LEVEL[unit]}) imports omlx.{target} (level {LEVEL[target]}): upward import"
+        )
+        assert {unit, target} != {"api", "cluster"}, f"{path}: api and cluster must not import each other"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_framework_imports_stay_in_their_layer(path):
+    rel = str(path.relative_to(PKG))
+    for name in _imports(path):
+        top = name.split(".")[0]
+        if top == "sanic":
+            assert rel.startswith("api/"), f"{rel} imports sanic"
+        if top == "typer":
+            assert rel.startswith("cli/"), f"{rel} imports typer"
+        if top == "zeroconf":
+            assert rel == "cluster/discovery.py", f"{rel} imports zeroconf"
+
+
+@pytest.mark.parametrize("rel", PURE)
+def test_pure_core_has_no_mlx(rel):
+    path = PKG / rel
+    assert path.exists(), f"{rel} is part of DESIGN.md's pure core"
+    for name in _imports(path):
+        assert name.split(".")[0] not in ("mlx", "numpy", "mlx_lm"), f"{rel} imports {name}"
