@@ -28,6 +28,8 @@ class PoolEntry:
     loaded: LoadedModel
     engine: Engine
     cache_note: str = ""
+    tool_dialect: str | None = None
+    think: tuple[str, str] | None = None
 
 
 class EnginePool:
@@ -112,7 +114,8 @@ def load_entry(spec: str | None, config: ServerConfig, *, progress: bool = True,
     engine = Engine(model_id, loaded.model, loaded.tokenizer, scheduler=scheduler,
                     prefix_cache=prefix_cache, block_size=config.cache.block_size)
     engine.start()
-    entry = PoolEntry(loaded, engine, note)
+    entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config))
+    logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")
     if warmup:
         t0 = time.monotonic()
         msgs = [{"role": "user", "content": "Warm-up: say hello in one short sentence, please."}]
@@ -137,3 +140,21 @@ def build_prefix_cache(loaded: LoadedModel, config: ServerConfig):
     from omlx.engine.kv_cache import make_prefix_cache
 
     return make_prefix_cache(loaded, config), ""
+
+
+def model_formats(loaded: LoadedModel, config: ServerConfig) -> tuple[str | None, tuple[str, str] | None]:
+    """(tool dialect, think markers) of a model: configured, else detected from its template."""
+    from omlx.tool_parsers import detect_dialect
+
+    tok = loaded.tokenizer
+    settings = config.model_settings.get(loaded.model_id)
+    dialect = settings.tool_dialect if settings and settings.tool_dialect else None
+    if dialect is None:
+        template = getattr(tok, "chat_template", None)
+        try:
+            vocab = tok.get_vocab()
+        except Exception:
+            vocab = None
+        dialect = detect_dialect(template if isinstance(template, str) else None, vocab)
+    think = (tok.think_start, tok.think_end) if getattr(tok, "has_thinking", False) else None
+    return dialect, think

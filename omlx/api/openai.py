@@ -29,10 +29,11 @@ from omlx.api.params import (
     parse_json_object,
 )
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_data
+from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta, ToolCallArgsDelta, ToolCallStart
 from omlx.engine.chat import render_prompt
 from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
 from omlx.pool import PoolEntry
-from omlx.request import Failed, Finished, Request, SamplingParams, TextDelta, TokenLogprob, Usage
+from omlx.request import Failed, Finished, Request, SamplingParams, TokenLogprob, Usage
 
 bp = Blueprint("openai", url_prefix="/v1")
 
@@ -104,6 +105,19 @@ def sampling_from_openai(body: dict[str, Any], entry: PoolEntry, num_prompt_toke
     )
 
 
+def validate_tools(tools: list[Any] | None, param: str = "tools") -> list[dict[str, Any]] | None:
+    """OpenAI function tools: each ``{"type": "function", "function": {"name", ...}}``."""
+    if not tools:
+        return None
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidRequestError(f"{param}[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", param=f"{param}[{i}]")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise InvalidRequestError(f"{param}[{i}].function.parameters must be a JSON schema object", param=f"{param}[{i}].function.parameters")
+    return tools
+
+
 def _validate_messages(messages: list[Any]) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(messages):
@@ -126,6 +140,9 @@ class _Prepared:
     model_name: str
     stream: bool
     include_usage: bool
+    tools: list[dict[str, Any]] | None = None
+    think: tuple[str, str] | None = None
+    in_reasoning: bool = False
 
 
 def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
@@ -136,9 +153,22 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
     tok = entry.loaded.tokenizer
     if chat:
         messages = _validate_messages(get_list(body, "messages", non_empty=True))
-        tools = get_list(body, "tools", None)
-        rendered = render_prompt(tok, messages, tools=tools or None)
+        tools = validate_tools(get_list(body, "tools", None))
+        tool_choice = body.get("tool_choice")
+        if tool_choice is not None and not (tool_choice in ("none", "auto", "required") or isinstance(tool_choice, dict)):
+            raise InvalidRequestError("'tool_choice' must be 'none', 'auto', 'required' or an object", param="tool_choice")
+        ctk = body.get("chat_template_kwargs")
+        if ctk is not None and not isinstance(ctk, dict):
+            raise InvalidRequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+        ctk = dict(ctk or {})
+        thinking = ctk.pop("enable_thinking", None)
+        if thinking is None and body.get("reasoning_effort") is not None:
+            thinking = body.get("reasoning_effort") != "none"
+        rendered = render_prompt(tok, messages, tools=tools or None, enable_thinking=thinking, template_kwargs=ctk)
         prompt_ids = rendered.token_ids
+        parse_tools = tools if (tools and tool_choice != "none") else None
+        think = entry.think if thinking is not False else None
+        in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -153,6 +183,7 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
             prompt_ids = list(prompt)
         else:
             raise InvalidRequestError("'prompt' must be a non-empty string or an array of token ids (one prompt per request)", param="prompt")
+        parse_tools, think, in_reasoning = None, None, False
     stream = get_bool(body, "stream", False)
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
@@ -160,11 +191,7 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
     include_usage = bool(so and so.get("include_usage") is True)
     sampling = sampling_from_openai(body, entry, len(prompt_ids), chat=chat)
     req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling)
-    return _Prepared(entry, req, model_name, stream, include_usage)
-
-
-def _finish_reason(f: Finished) -> str:
-    return "length" if f.finish_reason == "length" else "stop"
+    return _Prepared(entry, req, model_name, stream, include_usage, parse_tools, think, in_reasoning)
 
 
 @bp.get("/models")
@@ -193,46 +220,60 @@ async def completions(http: HttpRequest):
 async def _serve(http: HttpRequest, *, chat: bool):
     p = _prepare(http, chat=chat)
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s)
-    es.start()
+    turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.tools, think=p.think, in_reasoning=p.in_reasoning)
+    turn.start()
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     try:
         if p.stream:
-            return await _stream(http, es, p, rid, created, chat)
-        return await _collect(es, p, rid, created, chat)
+            return await _stream(http, turn, p, rid, created, chat)
+        return await _collect(turn, p, rid, created, chat)
     finally:
-        es.close()
+        turn.close()
 
 
-async def _collect(es: EventStream, p: _Prepared, rid: str, created: int, chat: bool):
-    parts: list[str] = []
-    lps: list[TokenLogprob] = []
-    async for ev in es.events(keepalive=False):
-        if isinstance(ev, TextDelta):
-            parts.append(ev.text)
-            if ev.logprobs:
-                lps.extend(ev.logprobs)
-        elif isinstance(ev, Failed):
-            raise ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error))
-        elif isinstance(ev, Finished):
-            text = "".join(parts)
-            want = p.request.sampling.logprobs
-            if chat:
-                choice: dict[str, Any] = {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": {"content": [logprob_json(x) for x in lps]} if want else None,
-                    "finish_reason": _finish_reason(ev),
-                }
-                obj = "chat.completion"
-            else:
-                choice = {"index": 0, "text": text, "logprobs": _legacy_logprobs(lps) if want else None, "finish_reason": _finish_reason(ev)}
-                obj = "text_completion"
-            return json_response({
-                "id": rid, "object": obj, "created": created, "model": p.model_name,
-                "choices": [choice], "usage": usage_json(ev.usage),
-            })
-    raise EngineError("generation ended without a result")
+def _finish_reason(f: Finished, num_tool_calls: int = 0) -> str:
+    if num_tool_calls:
+        return "tool_calls"
+    return "length" if f.finish_reason == "length" else "stop"
+
+
+def tool_call_json(c: Any) -> dict[str, Any]:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+
+
+async def _collect(turn: ModelTurn, p: _Prepared, rid: str, created: int, chat: bool):
+    try:
+        res = await turn.collect()
+    except OmlxError:
+        raise
+    except Exception as e:
+        raise EngineError(str(e)) from e
+    fin = res.finished
+    if fin is None:
+        raise EngineError("generation ended without a result")
+    want = p.request.sampling.logprobs
+    reason = _finish_reason(fin, len(res.tool_calls))
+    if chat:
+        message: dict[str, Any] = {"role": "assistant", "content": res.content if (res.content or not res.tool_calls) else None}
+        if res.reasoning:
+            message["reasoning_content"] = res.reasoning
+        if res.tool_calls:
+            message["tool_calls"] = [tool_call_json(c) for c in res.tool_calls]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": {"content": [logprob_json(x) for x in res.logprobs]} if want else None,
+            "finish_reason": reason,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": res.content, "logprobs": _legacy_logprobs(res.logprobs) if want else None, "finish_reason": reason}
+        obj = "text_completion"
+    return json_response({
+        "id": rid, "object": obj, "created": created, "model": p.model_name,
+        "choices": [choice], "usage": usage_json(fin.usage),
+    })
 
 
 def _legacy_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
@@ -248,48 +289,52 @@ def _legacy_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-async def _stream(http: HttpRequest, es: EventStream, p: _Prepared, rid: str, created: int, chat: bool):
+async def _stream(http: HttpRequest, turn: ModelTurn, p: _Prepared, rid: str, created: int, chat: bool):
     resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
     obj = "chat.completion.chunk" if chat else "text_completion"
     want_lp = p.request.sampling.logprobs
 
-    def chunk(choice: dict[str, Any] | None, usage: Any = None, *, usage_chunk: bool = False) -> str:
+    def chunk(choice: dict[str, Any] | None, usage: Any = None) -> str:
         c: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": p.model_name,
                              "choices": [] if choice is None else [choice]}
         if p.include_usage:
             c["usage"] = usage
         return sse_data(c)
 
-    def choice(delta_text: str | None, lps: list[TokenLogprob] | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+    def delta_chunk(delta: dict[str, Any], lps: list[TokenLogprob] | None = None, finish: str | None = None) -> str:
         if chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta["role"] = "assistant"
-            if delta_text is not None:
-                delta["content"] = delta_text
             ch: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-            if want_lp:
-                ch["logprobs"] = {"content": [logprob_json(x) for x in lps]} if lps else None
-            else:
-                ch["logprobs"] = None
-            return ch
-        return {"index": 0, "text": delta_text or "", "logprobs": _legacy_logprobs(lps) if (want_lp and lps) else None, "finish_reason": finish}
+            ch["logprobs"] = {"content": [logprob_json(x) for x in lps]} if (want_lp and lps) else None
+        else:
+            ch = {"index": 0, "text": delta.get("content", ""), "finish_reason": finish,
+                  "logprobs": _legacy_logprobs(lps) if (want_lp and lps) else None}
+        return chunk(ch)
 
     if chat:
-        await resp.send(chunk(choice("", None, None, role=True)))
-    async for ev in es.events():
+        await resp.send(delta_chunk({"role": "assistant", "content": ""}))
+    async for ev in turn.events():
         if ev is KEEPALIVE:
             await resp.send(SSE_COMMENT_KEEPALIVE)
-        elif isinstance(ev, TextDelta):
-            if ev.text or (want_lp and ev.logprobs):
-                await resp.send(chunk(choice(ev.text, ev.logprobs, None)))
+        elif isinstance(ev, ContentDelta):
+            await resp.send(delta_chunk({"content": ev.text}, ev.logprobs))
+        elif isinstance(ev, ReasoningDelta):
+            if chat:
+                await resp.send(delta_chunk({"reasoning_content": ev.text}))
+        elif isinstance(ev, ToolCallStart):
+            # OpenAI: the first delta of a call carries index, id, type and name; later ones only
+            # index and argument fragments (no empty name).
+            await resp.send(delta_chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
+                                                          "function": {"name": ev.name, "arguments": ""}}]}))
+        elif isinstance(ev, ToolCallArgsDelta):
+            if ev.fragment:
+                await resp.send(delta_chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.fragment}}]}))
         elif isinstance(ev, Failed):
             err = ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error))
             await resp.send(sse_data(err.openai_body()))
             await resp.send("data: [DONE]\n\n")
             break
         elif isinstance(ev, Finished):
-            await resp.send(chunk(choice(None, None, _finish_reason(ev)) if chat else choice("", None, _finish_reason(ev))))
+            await resp.send(delta_chunk({} if chat else {"content": ""}, None, _finish_reason(ev, turn.num_tool_calls)))
             if p.include_usage:
                 await resp.send(chunk(None, usage_json(ev.usage)))
             await resp.send("data: [DONE]\n\n")

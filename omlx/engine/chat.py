@@ -12,6 +12,7 @@ neutral message list below and call `render_prompt`. Normalisation applied every
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,22 @@ def content_text(content: Any, *, param: str = "messages") -> str:
     raise InvalidRequestError(f"{param}: content must be a string or a list of parts", param=param)
 
 
+def _template_tool_call(call: Any) -> Any:
+    """Chat templates index ``function.arguments`` as a mapping; OpenAI sends a JSON string."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    fn = dict(call["function"])
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+            if isinstance(parsed, dict):
+                fn["arguments"] = parsed
+        except ValueError:
+            pass
+    return {**call, "function": fn}
+
+
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Merge system/developer messages into one leading system message (see module doc).
 
@@ -82,6 +99,8 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             mm = dict(m)
             if not isinstance(mm.get("content"), str) and mm.get("content") is not None:
                 mm["content"] = content_text(mm.get("content"))
+            if mm.get("tool_calls"):
+                mm["tool_calls"] = [_template_tool_call(c) for c in mm["tool_calls"]]
             rest.append(mm)
     if system_parts:
         return [{"role": "system", "content": "\n\n".join(system_parts)}] + rest
