@@ -19,6 +19,7 @@ def serve(
     host: Annotated[Optional[str], typer.Option(help="Address to bind (default 127.0.0.1). Any other address needs an API key.")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
     max_concurrent_requests: Annotated[Optional[int], typer.Option(help="Requests decoding at once per model (default 8).")] = None,
+    max_queued_requests: Annotated[Optional[int], typer.Option(help="Requests allowed to wait beyond the running ones before a 429 (default 64).")] = None,
     base_path: Annotated[Optional[str], typer.Option(help="omlx's home: models, cache, config (default ~/.omlx).")] = None,
     config: Annotated[Optional[str], typer.Option("--config", help="TOML config file (default <base-path>/config.toml).")] = None,
     api_key: Annotated[Optional[str], typer.Option(help="Require this key (Authorization: Bearer or x-api-key).")] = None,
@@ -26,18 +27,23 @@ def serve(
     hot_cache_max_size: Annotated[Optional[str], typer.Option(help="RAM budget of the hot KV tier, e.g. 2GB (default: derived from memory).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Turn the prefix cache off.")] = False,
     log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
+    alias: Annotated[Optional[list[str]], typer.Option("--alias", help="NAME=TARGET: serve model TARGET also as NAME (e.g. a client's model id); repeat for several.")] = None,
+    context_scale_to: Annotated[Optional[int], typer.Option(help="Anthropic API: scale reported token counts so a client assuming a window of this many tokens compacts at the model's real limit. Off by default.")] = None,
 ) -> None:
     flags = {
         "models": tuple(model) if model else None,
         "host": host,
         "port": port,
         "max_concurrent_requests": max_concurrent_requests,
+        "max_queued_requests": max_queued_requests,
         "base_path": base_path,
         "api_key": api_key,
         "cache.block_size": block_size,
         "cache.hot_cache_max_bytes": hot_cache_max_size,
         "cache.enabled": False if no_cache else None,
         "log_level": log_level,
+        "aliases": parse_aliases(alias) if alias else None,
+        "context_scale_to": context_scale_to,
     }
     cfg = config_from(flags, config)
     _maybe_reexec_with_blas(cfg.preload_blas)
@@ -52,6 +58,18 @@ def serve(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def parse_aliases(values: list[str]) -> dict[str, str]:
+    """``["NAME=TARGET", ...]`` -> {NAME: TARGET}; exits with code 2 on a malformed entry."""
+    out: dict[str, str] = {}
+    for v in values:
+        name, sep, target = v.partition("=")
+        if not sep or not name.strip() or not target.strip():
+            typer.echo(f"omlx: --alias expects NAME=TARGET, got {v!r}", err=True)
+            raise typer.Exit(2)
+        out[name.strip()] = target.strip()
+    return out
 
 
 def _maybe_reexec_with_blas(enabled: bool) -> None:
