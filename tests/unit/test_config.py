@@ -1,0 +1,40 @@
+from pathlib import Path
+
+import pytest
+
+from omlx.config import load_config, parse_size
+from omlx.errors import InvalidRequestError
+
+
+def test_parse_size():
+    assert parse_size("8GB") == 8 * 10**9
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size(1024) == 1024
+    with pytest.raises(InvalidRequestError):
+        parse_size("lots")
+
+
+def test_precedence_flags_over_env_over_file_over_defaults(tmp_path: Path):
+    f = tmp_path / "config.toml"
+    f.write_text('port = 7001\nhost = "127.0.0.2"\nmax_concurrent_requests = 3\n[cache]\nblock_size = 64\n[aliases]\n"a" = "b"\n')
+    cfg = load_config({}, {}, f)
+    assert (cfg.port, cfg.host, cfg.max_concurrent_requests, cfg.cache.block_size) == (7001, "127.0.0.2", 3, 64)
+    assert cfg.aliases == {"a": "b"}
+    cfg = load_config({}, {"OMLX_PORT": "7002", "OMLX_BLOCK_SIZE": "32"}, f)
+    assert (cfg.port, cfg.cache.block_size, cfg.host) == (7002, 32, "127.0.0.2")
+    cfg = load_config({"port": 7003, "cache.block_size": 16}, {"OMLX_PORT": "7002"}, f)
+    assert (cfg.port, cfg.cache.block_size) == (7003, 16)
+    assert load_config({}, {}, None).port == 8000
+
+
+def test_default_config_file_under_base_path(tmp_path: Path):
+    (tmp_path / "config.toml").write_text("port = 7100\n")
+    assert load_config({"base_path": str(tmp_path)}, {}).port == 7100
+
+
+@pytest.mark.parametrize("text", ["bogus_key = 1\n", "port = 'abc'\n", "[cache]\nnope = 1\n", "port = \n"])
+def test_bad_config_is_a_clear_error(tmp_path: Path, text: str):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(InvalidRequestError):
+        load_config({}, {}, f)
