@@ -1,0 +1,71 @@
+"""The `omlx` CLI: models list/import (CliRunner) and `serve` start-up refusals (real processes)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from omlx.cli.main import app
+from tests.helpers import MODEL_ID, default_model_dir, free_port
+
+runner = CliRunner()
+
+
+def test_models_import_folder_and_list(tmp_path: Path):
+    src = default_model_dir()
+    r = runner.invoke(app, ["models", "import", str(src), "--name", "smol-copy", "--base-path", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "models" / "smol-copy" / "config.json").exists()
+    r = runner.invoke(app, ["models", "list", "--base-path", str(tmp_path)])
+    assert r.exit_code == 0 and "smol-copy" in r.output
+
+
+def test_models_import_rejects_bad_input(tmp_path: Path):
+    r = runner.invoke(app, ["models", "import", str(tmp_path / "missing.gguf"), "--base-path", str(tmp_path)])
+    assert r.exit_code != 0 and "cannot import" in r.output
+    r = runner.invoke(app, ["models", "import", str(default_model_dir()), "--name", "../escape", "--base-path", str(tmp_path)])
+    assert r.exit_code != 0
+    assert not (tmp_path / "escape").exists()
+
+
+def test_models_list_empty(tmp_path: Path):
+    r = runner.invoke(app, ["models", "list", "--base-path", str(tmp_path)])
+    assert r.exit_code == 0 and "no models" in r.output
+
+
+def _serve(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    models = tmp_path / "models"
+    if not models.exists():
+        models.symlink_to(default_model_dir().parent, target_is_directory=True)
+    return subprocess.run([sys.executable, "-m", "omlx", "serve", "--base-path", str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_serve_refuses_public_bind_without_api_key(tmp_path: Path):
+    r = _serve(["--host", "0.0.0.0", "--port", str(free_port())], tmp_path)
+    assert r.returncode == 2
+    assert "without an API key" in (r.stdout + r.stderr)
+
+
+def test_serve_reports_port_in_use(tmp_path: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = _serve(["--port", str(port)], tmp_path)
+    assert r.returncode == 2
+    assert f"port {port}" in (r.stdout + r.stderr) and "already in use" in (r.stdout + r.stderr)
+
+
+def test_serve_unknown_model_is_a_clear_error(tmp_path: Path):
+    r = _serve(["--port", str(free_port()), "--model", "no-such-model"], tmp_path)
+    assert r.returncode == 1
+    assert "no-such-model" in (r.stdout + r.stderr)
+
+
+def test_default_model_id():
+    assert default_model_dir().name == MODEL_ID
