@@ -1,0 +1,86 @@
+"""Picks a model's tool-call dialect from its chat template and tokenizer vocabulary.
+
+It owns only the detection rules (their order matters: several families share ``<tool_call>``).
+It must not import any dialect module, so detection stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Collection, Mapping
+
+logger = logging.getLogger(__name__)
+
+_DEEPSEEK = "<｜tool▁calls▁begin｜>"
+
+# (dialect, markers that must all be in the template), first match wins.
+_TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("minimax", ("<minimax:tool_call>",)),
+    ("gemma", ("<|tool_call>", "<tool_call|>")),
+    ("gemma", ("<start_function_call>",)),
+    ("longcat", ("<longcat_tool_call>",)),
+    ("glm", ("<tool_call>", "<arg_key>")),
+    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("deepseek", (_DEEPSEEK,)),
+    ("qwen3_coder_xml", ("<tool_call>", "<function=")),
+    ("mistral", ("[TOOL_CALLS]",)),
+    ("harmony", ("<|channel|>", "<|call|>")),
+    ("llama3_json", ("<|python_tag|>",)),
+    ("llama3_json", ("<|start_header_id|>", '"parameters": ')),
+    ("hermes", ("<tool_call>",)),
+)
+
+# (dialect, tokens that must all be in the vocabulary), used when the template decides nothing.
+_VOCAB_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("minimax", ("<minimax:tool_call>",)),
+    ("gemma", ("<|tool_call>", "<tool_call|>")),
+    ("gemma", ("<start_function_call>",)),
+    ("longcat", ("<longcat_tool_call>",)),
+    ("glm", ("<tool_call>", "<arg_key>")),
+    ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("deepseek", (_DEEPSEEK,)),
+    ("mistral", ("[TOOL_CALLS]",)),
+    ("llama3_json", ("<|python_tag|>",)),
+    ("hermes", ("<tool_call>", "</tool_call>")),
+)
+
+
+def _usable(dialect: str) -> str | None:
+    if dialect == "harmony" and importlib.util.find_spec("openai_harmony") is None:
+        logger.warning(
+            "chat template is gpt-oss (harmony) but openai-harmony is not installed: "
+            "tool calls from this model will not be parsed"
+        )
+        return None
+    if dialect == "harmony":
+        logger.warning("harmony tool calls are not implemented in omlx yet")
+        return None
+    return dialect
+
+
+def detect_dialect(
+    chat_template: str | None, vocab: Collection[str] | Mapping[str, int] | None
+) -> str | None:
+    """Returns the tool dialect a model speaks, or None if it has no (supported) tool format.
+
+    Args:
+        chat_template: the Jinja chat template text, or None if the tokenizer has none.
+        vocab: token strings (a set, or ``tokenizer.get_vocab()``'s token -> id dict), or None.
+
+    Returns:
+        A registry name, or None when the template never mentions tools, or no rule matches.
+        A template that mentions tools without a known marker falls back to the vocabulary
+        (some conversions keep the tool tokens but not the template text).
+    """
+    if isinstance(chat_template, str):
+        if "tool" not in chat_template.lower():
+            return None
+        for dialect, markers in _TEMPLATE_RULES:
+            if all(m in chat_template for m in markers):
+                return _usable(dialect)
+    if vocab:
+        for dialect, tokens in _VOCAB_RULES:
+            if all(t in vocab for t in tokens):
+                return dialect
+    return None

@@ -1,0 +1,256 @@
+"""The streaming tool-call parser that every dialect runs in, and the one-shot ``parse_tool_calls``.
+
+It owns the text/call split, holding back text that could begin a marker, whitespace around
+calls, schema coercion, JSON encoding and ids. Dialects only answer ``scan``. A non-streaming
+parse is one ``feed`` plus ``finish``, so the two cannot disagree.
+
+Rules (the same whatever the chunking):
+  * Text that could be the start of a marker is held back until it is decided.
+  * A call is emitted (start, arguments, end) once it is complete and valid; a malformed or
+    truncated call becomes plain text, from its marker on. Nothing here raises on model text.
+  * Whitespace that only separates text from a call is dropped; between two pieces of text,
+    the whitespace that preceded the (first) call is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from omlx.tool_parsers._schema import coerce_arguments
+from omlx.tool_parsers.base import (
+    FAIL,
+    NEED_MORE,
+    Dialect,
+    Event,
+    IdFactory,
+    Match,
+    ParseResult,
+    RawCall,
+    ScanContext,
+    ScanResult,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    is_name,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class StreamingToolParser:
+    """Splits a model's streamed text into content and tool calls for one response.
+
+    Example:
+        >>> p = StreamingToolParser("hermes", tools)
+        >>> for delta in deltas:
+        ...     send(p.feed(delta))
+        >>> send(p.finish())
+
+    Attributes:
+        dialect: the resolved dialect name.
+        num_tool_calls: calls emitted so far (the API sends finish_reason "tool_calls" if > 0).
+    """
+
+    def __init__(
+        self,
+        dialect: str,
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        id_factory: IdFactory | None = None,
+    ) -> None:
+        """Creates a parser.
+
+        Args:
+            dialect: a registry name or alias (see ``omlx.tool_parsers.available_dialects``).
+            tools: the request's tools, used to coerce argument types; None skips coercion.
+            id_factory: makes call ids; default ``call_`` + 24 hex (9 alphanumerics for Mistral).
+
+        Raises:
+            ValueError: unknown or unavailable dialect.
+        """
+        from omlx.tool_parsers import get_dialect  # the registry imports this module
+
+        self._dialect: Dialect = get_dialect(dialect)
+        self.dialect = self._dialect.name
+        self._tools = tools
+        self._new_id = id_factory or self._dialect.default_id_factory
+        self._buf = ""  # undecided text; starts with a marker while _marker_len > 0
+        self._marker_len = 0
+        self._ctx = ScanContext(False, tools)
+        self._held_ws = ""  # trailing whitespace of emitted text, not sent yet
+        self._ws_before_call = ""
+        self._gap_ws = ""  # whitespace to restore if text follows the last call
+        self._after_call = False
+        self._any_text = False
+        self._ids: set[str] = set()
+        self._finished = False
+        self.num_tool_calls = 0
+
+    @property
+    def has_tool_calls(self) -> bool:
+        """Whether at least one tool call has been emitted."""
+        return self.num_tool_calls > 0
+
+    def feed(self, delta: str) -> list[Event]:
+        """Adds model text; returns the events it decides (possibly none).
+
+        Raises:
+            ValueError: called after ``finish``.
+        """
+        if self._finished:
+            raise ValueError("feed() after finish(): create a new StreamingToolParser")
+        # Move the buffer to a local first: CPython then appends in place (amortized O(1))
+        # instead of copying the whole buffer on every chunk.
+        buf, self._buf = self._buf, ""
+        buf += delta
+        self._buf = buf
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        """Ends the response: held-back text is released and an unfinished call becomes text.
+
+        Raises:
+            ValueError: called twice.
+        """
+        if self._finished:
+            raise ValueError("finish() called twice")
+        events = self._drain(final=True)
+        self._finished = True
+        return events
+
+    # ------------------------------------------------------------------ internals
+
+    def _drain(self, final: bool) -> list[Event]:
+        events: list[Event] = []
+        while True:
+            if self._marker_len:
+                self._ctx.final = final
+                result = self._scan()
+                if result is NEED_MORE and not final:
+                    break
+                valid = isinstance(result, Match) and result.end >= self._marker_len
+                encoded = self._encode(result) if valid else None
+                if encoded is None:
+                    if result is not NEED_MORE:
+                        logger.debug("%s: malformed tool call kept as text", self.dialect)
+                    self._fail(events)
+                    continue
+                assert isinstance(result, Match)
+                self._emit_calls(encoded, events)
+                self._buf = self._buf[result.end :]
+                self._marker_len = 0
+                continue
+            at_start = not self._any_text and not self.num_tool_calls
+            found = self._dialect.find_start(self._buf, at_start)
+            if found is not None:
+                pos, self._marker_len = found
+                self._ctx = ScanContext(final, self._tools)  # a fresh memo per call region
+                self._emit_text(self._buf[:pos], events)
+                self._ws_before_call, self._held_ws = self._held_ws, ""
+                self._buf = self._buf[pos:]
+                continue
+            keep = 0 if final else self._dialect.hold_len(self._buf, at_start)
+            self._emit_text(self._buf[: len(self._buf) - keep], events)
+            self._buf = self._buf[len(self._buf) - keep :]
+            break
+        if final and self._held_ws:
+            events.append(TextDelta(self._held_ws))
+            self._held_ws = ""
+        return _merge_text(events)
+
+    def _scan(self) -> ScanResult:
+        try:
+            return self._dialect.scan(self._buf, self._ctx)
+        except Exception:  # noqa: BLE001 - a parser bug must not break the response
+            logger.exception("%s tool parser failed; the call is kept as text", self.dialect)
+            return FAIL
+
+    def _fail(self, events: list[Event]) -> None:
+        """The call at the buffer start is not one: its marker becomes text."""
+        text = self._ws_before_call + self._buf[: self._marker_len]
+        self._buf = self._buf[self._marker_len :]
+        self._marker_len = 0
+        self._ws_before_call = ""
+        self._emit_text(text, events)
+
+    def _encode(self, match: Match) -> list[tuple[RawCall, str]] | None:
+        """Coerces and JSON-encodes every call of a match; None if any cannot be."""
+        out = []
+        for call in match.calls:
+            if not is_name(call.name) or not isinstance(call.arguments, dict):
+                return None
+            try:
+                args = coerce_arguments(call.name, call.arguments, self._tools)
+                out.append((call, json.dumps(args, ensure_ascii=False, allow_nan=False)))
+            except (TypeError, ValueError, RecursionError):
+                return None
+        return out or None
+
+    def _emit_calls(self, encoded: list[tuple[RawCall, str]], events: list[Event]) -> None:
+        if not self._after_call:
+            self._gap_ws = self._ws_before_call
+        self._ws_before_call = ""
+        for call, arguments in encoded:
+            call_id = call.id if call.id and call.id not in self._ids else self._new_id()
+            self._ids.add(call_id)
+            index = self.num_tool_calls
+            self.num_tool_calls += 1
+            events.append(ToolCallStart(index, call_id, call.name))
+            events.append(ToolCallArgsDelta(index, arguments))
+            events.append(ToolCallEnd(index))
+        self._after_call = True
+
+    def _emit_text(self, text: str, events: list[Event]) -> None:
+        if not text:
+            return
+        if self._after_call:
+            text = text.lstrip()
+            if not text:
+                return
+            text = (self._gap_ws if self._any_text else "") + text
+            self._after_call = False
+            self._gap_ws = ""
+        text = self._held_ws + text
+        core = text.rstrip()
+        self._held_ws = text[len(core) :]
+        if core:
+            events.append(TextDelta(core))
+            self._any_text = True
+
+
+def _merge_text(events: list[Event]) -> list[Event]:
+    out: list[Event] = []
+    for event in events:
+        if isinstance(event, TextDelta) and out and isinstance(out[-1], TextDelta):
+            out[-1] = TextDelta(out[-1].text + event.text)
+        else:
+            out.append(event)
+    return out
+
+
+def parse_tool_calls(
+    text: str,
+    dialect: str,
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    id_factory: IdFactory | None = None,
+) -> ParseResult:
+    """Parses a complete response.
+
+    Args:
+        text: the model's whole output (reasoning already removed).
+        dialect: a registry name or alias.
+        tools: the request's tools (OpenAI shape), for argument type coercion.
+        id_factory: makes call ids (tests pass a deterministic one).
+
+    Returns:
+        Content (None if empty) and the tool calls; malformed calls stay in the content.
+
+    Raises:
+        ValueError: unknown or unavailable dialect (never for any model text).
+    """
+    parser = StreamingToolParser(dialect, tools, id_factory=id_factory)
+    return ParseResult.from_events(parser.feed(text) + parser.finish())

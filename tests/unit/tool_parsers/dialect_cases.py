@@ -1,0 +1,246 @@
+"""The table of model outputs every dialect is tested on (by test_common.py, three ways).
+
+Each case gives the whole model output and the expected split: content (None when there is no
+text) and the calls as (name, arguments dict[, id]). Malformed calls must come back as text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _tool(name: str, **props: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": t} for k, t in props.items()},
+            },
+        },
+    }
+
+
+TOOLS = [
+    _tool("get_weather", city="string", days="integer"),
+    _tool("write_file", path="string", content="string"),
+    _tool("search", regex="string"),
+    _tool("configure", enabled="boolean", ratio="number", tags="array", opts="object"),
+    _tool("save-snippet", lang="string", code="string"),
+    _tool("list_files"),
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    text: str
+    content: str | None
+    calls: list[tuple[Any, ...]] = field(default_factory=list)  # (name, args[, id])
+    tools: list[dict[str, Any]] | None = None
+
+
+def C(id: str, text: str, content: str | None, *calls: tuple[Any, ...], tools=TOOLS) -> Case:
+    return Case(id, text, content, list(calls), tools)
+
+
+OSLO = ("get_weather", {"city": "Oslo", "days": 3})
+LYON = ("get_weather", {"city": "Lyon"})
+
+_H = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}\n</tool_call>'
+_H2 = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>'
+
+HERMES = [
+    C("single", _H, None, OSLO),
+    C("text-before-parallel", "Let me check.\n" + _H + "\n" + _H2, "Let me check.", OSLO, LYON),
+    C("text-after", _H + "\nDone.", "Done.", OSLO),
+    C("text-between", "A\n\n" + _H + "\n\nB", "A\n\nB", OSLO),
+    C("invalid-escape", '<tool_call>{"name": "search", "arguments": {"regex": "^v\\d+\\.\\d+$"}}</tool_call>',
+      None, ("search", {"regex": "^v\\d+\\.\\d+$"})),
+    C("end-tag-in-string",
+      '<tool_call>{"name": "write_file", "arguments": {"path": "a.md", "content": "x </tool_call> y"}}</tool_call>',
+      None, ("write_file", {"path": "a.md", "content": "x </tool_call> y"})),
+    C("args-as-string", '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\", \\"days\\": \\"3\\"}"}</tool_call>',
+      None, OSLO),
+    C("coerce-int", '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": "3"}}</tool_call>', None, OSLO),
+    C("unicode", '<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich ☃"}}</tool_call>', None,
+      ("get_weather", {"city": "Zürich ☃"})),
+    C("malformed-json", 'Hi <tool_call>{"name": get_weather}</tool_call> ok', 'Hi <tool_call>{"name": get_weather}</tool_call> ok'),
+    C("no-name", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>'),
+    C("truncated", "Hi " + _H[:-5], "Hi " + _H[:-5]),
+    C("plain-angle-brackets", "if a < b and c <tool x", "if a < b and c <tool x"),
+    C("malformed-then-valid", "<tool_call>oops</tool_call>\n" + _H, "<tool_call>oops</tool_call>", OSLO),
+]
+
+_Q = "<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+def _qwen(name: str, **params: str) -> str:
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return _Q.format(name=name, params=body)
+
+
+QWEN3_CODER_XML = [
+    C("single", _qwen("get_weather", city="Oslo", days="3"), None, OSLO),
+    C("closing-tags-in-value",
+      _qwen("write_file", path="a.md", content="End with </parameter> and </tool_call> here."), None,
+      ("write_file", {"path": "a.md", "content": "End with </parameter> and </tool_call> here."})),
+    C("text-before-parallel", "I'll check both.\n" + _qwen("get_weather", city="Oslo", days="3") + "\n"
+      + _qwen("get_weather", city="Lyon"), "I'll check both.", OSLO, LYON),
+    C("multiline-value", _qwen("write_file", path="x.py", content="def f():\n    return 1\n"), None,
+      ("write_file", {"path": "x.py", "content": "def f():\n    return 1\n"})),
+    C("uncoercible", _qwen("get_weather", city="Oslo", days="a few"), None,
+      ("get_weather", {"city": "Oslo", "days": "a few"})),
+    C("typed-values", _qwen("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1}'), None,
+      ("configure", {"enabled": True, "ratio": 0.5, "tags": ["a", "b"], "opts": {"k": 1}})),
+    C("no-params", "<tool_call>\n<function=list_files>\n</function>\n</tool_call>", None, ("list_files", {})),
+    C("text-after", _qwen("get_weather", city="Lyon") + "\nThen I will summarise.", "Then I will summarise.", LYON),
+    C("missing-function-close", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>",
+      "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>"),
+    C("tag-in-prose", "Wrap calls in <tool_call> tags.", "Wrap calls in <tool_call> tags."),
+]
+
+LLAMA3_JSON = [
+    C("python-tag", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "days": 3}}', None, OSLO),
+    C("bare", '  {"name": "get_weather", "parameters": {"city": "Oslo", "days": "3"}}', None, OSLO),
+    C("parallel", '{"name": "get_weather", "parameters": {"city": "Oslo", "days": 3}}; '
+      '{"name": "get_weather", "arguments": {"city": "Lyon"}}', None, OSLO, LYON),
+    C("json-later-in-prose", 'Use {"name": "x", "parameters": {}} to call.',
+      'Use {"name": "x", "parameters": {}} to call.'),
+    C("json-answer", '{"answer": 42}', '{"answer": 42}'),
+    C("text-after", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Lyon"}}\nok', "ok", LYON),
+    C("python-code", '<|python_tag|>brave_search.call(query="x")', '<|python_tag|>brave_search.call(query="x")'),
+    C("trailing-semicolon", '{"name": "get_weather", "parameters": {"city": "Lyon"}};', ";", LYON),
+    C("truncated", '{"name": "get_weather", "parameters": {"city": "Ly', '{"name": "get_weather", "parameters": {"city": "Ly'),
+]
+
+MISTRAL = [
+    C("v13-parallel", '[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon"}[TOOL_CALLS]get_weather[ARGS]{"city": "Osaka"}',
+      None, LYON, ("get_weather", {"city": "Osaka"})),
+    C("trailing-text", '[TOOL_CALLS]search[ARGS]{"regex": "FIXME"}\n\nI will read the matches next.',
+      "I will read the matches next.", ("search", {"regex": "FIXME"})),
+    C("text-before", 'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "days": 3}', "Checking.", OSLO),
+    C("old-list", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}, "id": "abc123xyz"}, '
+      '{"name": "get_weather", "arguments": {"city": "Lyon"}, "id": "def456uvw"}]',
+      None, (*OSLO, "abc123xyz"), (*LYON, "def456uvw")),
+    C("call-id", '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Lyon"}', None, (*LYON, "a1B2c3D4e")),
+    C("repeated-header", '[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon"}list_files[ARGS]{}', None, LYON, ("list_files", {})),
+    C("no-args-marker", '[TOOL_CALLS]get_weather{"city": "Lyon"}', None, LYON),
+    C("invalid-escape", '[TOOL_CALLS]search[ARGS]{"regex": "\\d+"}', None, ("search", {"regex": "\\d+"})),
+    C("malformed", '[TOOL_CALLS]get weather[ARGS]{"city": "Lyon"}', '[TOOL_CALLS]get weather[ARGS]{"city": "Lyon"}'),
+    C("truncated", '[TOOL_CALLS]get_weather[ARGS]{"city": "Ly', '[TOOL_CALLS]get_weather[ARGS]{"city": "Ly'),
+]
+
+GEMMA = [
+    C("functiongemma-two-calls", "<start_function_call>call:configure{enabled:true,ratio:0.5}<end_function_call>"
+      "<start_function_call>call:get_weather{city:<escape>Oslo, {NO}<escape>,days:3}<end_function_call>", None,
+      ("configure", {"enabled": True, "ratio": 0.5}), ("get_weather", {"city": "Oslo, {NO}", "days": 3})),
+    C("gemma4-braces-hyphen", '<|tool_call>call:save-snippet{lang:<|"|>js<|"|>,code:<|"|>f = () => { return {ok: "y"}; };'
+      '<|"|>}<tool_call|>', None, ("save-snippet", {"lang": "js", "code": 'f = () => { return {ok: "y"}; };'})),
+    C("gemma4-nested", '<|tool_call>call:configure{tags:[<|"|>a,b<|"|>, <|"|>c<|"|>], opts:{file-path:<|"|>x<|"|>,n:-2.5e1,'
+      'deep:{z:null}}}<tool_call|>', None,
+      ("configure", {"tags": ["a,b", "c"], "opts": {"file-path": "x", "n": -25.0, "deep": {"z": None}}})),
+    C("text-around", 'Sure.\n<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:3}<tool_call|>\nDone.',
+      "Sure.\nDone.", OSLO),
+    C("gemma4-parallel", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:3}<tool_call|>'
+      '<|tool_call>call:get_weather{city:<|"|>Lyon<|"|>}<tool_call|>', None, OSLO, LYON),
+    C("coerce-string-int", "<start_function_call>call:get_weather{city:<escape>Oslo<escape>,days:<escape>3<escape>}"
+      "<end_function_call>", None, OSLO),
+    C("no-args", "<start_function_call>call:list_files{}<end_function_call>", None, ("list_files", {})),
+    C("truncated", "<start_function_call>call:get_weather{city:<escape>Oslo<escape>}",
+      "<start_function_call>call:get_weather{city:<escape>Oslo<escape>}"),
+    C("malformed", "<start_function_call>call:get_weather{city:<escape>Oslo<escape> days:3}<end_function_call>",
+      "<start_function_call>call:get_weather{city:<escape>Oslo<escape> days:3}<end_function_call>"),
+]
+
+GLM = [
+    C("glm45", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_key>days</arg_key>\n"
+      "<arg_value>3</arg_value>\n</tool_call>", None, OSLO),
+    C("glm47-compact", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Lyon</arg_value></tool_call>", None, LYON),
+    C("missing-open-value", "<tool_call>get_weather<arg_key>city</arg_key>Lyon</arg_value></tool_call>", None, LYON),
+    C("close-tag-in-value", "<tool_call>write_file<arg_key>path</arg_key><arg_value>a</arg_value><arg_key>content</arg_key>"
+      "<arg_value>x</arg_value> and </tool_call> y\n</arg_value></tool_call>", None,
+      ("write_file", {"path": "a", "content": "x</arg_value> and </tool_call> y\n"})),
+    C("no-args", "<tool_call>list_files</tool_call>", None, ("list_files", {})),
+    C("json-body", '<tool_call>get_weather\n{"city": "Oslo", "days": 3}\n</tool_call>', None, OSLO),
+    C("text-before-parallel", "Checking.\n<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>"
+      "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>\n<tool_call>get_weather<arg_key>city</arg_key>"
+      "<arg_value>Lyon</arg_value></tool_call>", "Checking.", OSLO, LYON),
+    C("malformed", "<tool_call>get weather now</tool_call>", "<tool_call>get weather now</tool_call>"),
+    C("truncated", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Ly",
+      "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Ly"),
+]
+
+MINIMAX = [
+    C("single", '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Oslo</parameter>\n'
+      '<parameter name="days">3</parameter>\n</invoke>\n</minimax:tool_call>', None, OSLO),
+    C("parallel-invokes", '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Oslo</parameter>\n'
+      '<parameter name="days">3</parameter>\n</invoke>\n<invoke name="get_weather">\n<parameter name="city">Lyon'
+      '</parameter>\n</invoke>\n</minimax:tool_call>', None, OSLO, LYON),
+    C("close-tag-in-value", '<minimax:tool_call><invoke name="write_file"><parameter name="path">a</parameter>'
+      '<parameter name="content">x </parameter> y</parameter></invoke></minimax:tool_call>', None,
+      ("write_file", {"path": "a", "content": "x </parameter> y"})),
+    C("text-around", 'Hi.\n<minimax:tool_call><invoke name="get_weather"><parameter name="city">Lyon</parameter></invoke>'
+      "</minimax:tool_call>\nBye.", "Hi.\nBye.", LYON),
+    C("malformed", '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Lyon</invoke></minimax:tool_call>',
+      '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Lyon</invoke></minimax:tool_call>'),
+]
+
+_KB, _KE = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+
+
+def _kimi(name: str, idx: int, args: str) -> str:
+    return f"<|tool_call_begin|>functions.{name}:{idx}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+
+
+KIMI_K2 = [
+    C("single", _KB + _kimi("get_weather", 0, '{"city": "Oslo", "days": 3}') + _KE, None,
+      (*OSLO, "functions.get_weather:0")),
+    C("parallel-text-before", "Looking.\n" + _KB + _kimi("get_weather", 0, '{"city": "Oslo", "days": 3}')
+      + _kimi("get_weather", 1, '{"city": "Lyon"}') + _KE, "Looking.",
+      (*OSLO, "functions.get_weather:0"), (*LYON, "functions.get_weather:1")),
+    C("invalid-escape", _KB + _kimi("search", 0, '{"regex": "^\\d", "x": true}') + _KE, None,
+      ("search", {"regex": "^\\d", "x": True}, "functions.search:0")),
+    C("malformed", _KB + "<|tool_call_begin|>get_weather<|tool_call_end|>" + _KE,
+      _KB + "<|tool_call_begin|>get_weather<|tool_call_end|>" + _KE),
+]
+
+_LB, _LE = "<longcat_tool_call>", "</longcat_tool_call>"
+LONGCAT = [
+    C("json", _LB + '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}' + _LE, None, OSLO),
+    C("arg-keys", _LB + "get_weather\n<longcat_arg_key>city</longcat_arg_key>\n<longcat_arg_value>Lyon"
+      "</longcat_arg_value>" + _LE, None, LYON),
+    C("invalid-escape", "x " + _LB + '{"name": "search", "arguments": {"regex": "\\w+"}}' + _LE, "x",
+      ("search", {"regex": "\\w+"})),
+    C("malformed", _LB + "nothing here" + _LE, _LB + "nothing here" + _LE),
+]
+
+_DB, _DE = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+_CB, _CE, _SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+
+DEEPSEEK = [
+    C("v3", _DB + _CB + "function" + _SEP + 'get_weather\n```json\n{"city": "Oslo", "days": 3}\n```' + _CE + _DE,
+      None, OSLO),
+    C("v31", _DB + _CB + "get_weather" + _SEP + '{"city": "Lyon"}' + _CE + _DE, None, LYON),
+    C("parallel-text-before", "Sure." + _DB + _CB + "get_weather" + _SEP + '{"city": "Oslo", "days": "3"}' + _CE
+      + _CB + "get_weather" + _SEP + '{"city": "Lyon"}' + _CE + _DE, "Sure.", OSLO, LYON),
+    C("marker-in-string", _DB + _CB + "write_file" + _SEP + '{"path": "a", "content": "' + _CE + '"}' + _CE + _DE,
+      None, ("write_file", {"path": "a", "content": _CE})),
+    C("malformed", _DB + _CB + "get_weather" + _SEP + "city=Oslo" + _CE + _DE,
+      _DB + _CB + "get_weather" + _SEP + "city=Oslo" + _CE + _DE),
+]
+
+TABLE: dict[str, list[Case]] = {
+    "hermes": HERMES,
+    "qwen3_coder_xml": QWEN3_CODER_XML,
+    "llama3_json": LLAMA3_JSON,
+    "mistral": MISTRAL,
+    "gemma": GEMMA,
+    "glm": GLM,
+    "minimax": MINIMAX,
+    "kimi_k2": KIMI_K2,
+    "longcat": LONGCAT,
+    "deepseek": DEEPSEEK,
+}

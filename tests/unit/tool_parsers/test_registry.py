@@ -1,0 +1,214 @@
+"""The registry, dialect detection, ids, schema coercion and the parser's API contract."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+import omlx.tool_parsers as tp
+from omlx.tool_parsers import (
+    StreamingToolParser,
+    detect_dialect,
+    get_dialect,
+    parse_tool_calls,
+)
+from omlx.tool_parsers._schema import coerce_arguments, coerce_value
+from omlx.tool_parsers.base import new_call_id, new_mistral_call_id
+from tests.unit.tool_parsers.dialect_cases import TABLE
+
+
+def test_every_registered_dialect_has_table_cases() -> None:
+    assert sorted(TABLE) == tp.available_dialects()
+    for name in tp.available_dialects():
+        assert get_dialect(name).name == name
+        assert len(TABLE[name]) >= 4
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [("qwen3_coder", "qwen3_coder_xml"), ("json_tools", "hermes"), ("glm47", "glm"), ("laguna", "glm"),
+     ("function_gemma", "gemma"), ("gemma4", "gemma"), ("minimax_m2", "minimax"), ("MISTRAL", "mistral")],
+)
+def test_mlx_lm_names_are_aliases(alias: str, name: str) -> None:
+    assert get_dialect(alias).name == name
+
+
+def test_unknown_dialect_is_a_value_error_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="unknown tool dialect 'nope'.*hermes"):
+        StreamingToolParser("nope")
+
+
+def test_harmony_is_skipped_with_a_reason_without_openai_harmony() -> None:
+    if tp._optional_available("harmony"):
+        pytest.skip("openai-harmony is installed here")
+    with pytest.raises(ValueError, match="openai-harmony"):
+        get_dialect("harmony")
+    assert "harmony" not in tp.available_dialects()
+
+
+def test_importing_the_package_loads_no_dialect_and_no_mlx() -> None:
+    code = (
+        "import sys, omlx.tool_parsers as tp\n"
+        "assert not any(m.startswith('mlx') for m in sys.modules), sorted(sys.modules)\n"
+        "assert 'omlx.tool_parsers.hermes' not in sys.modules\n"
+        "tp.parse_tool_calls('<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>', 'hermes')\n"
+        "assert not any(m.startswith('mlx') for m in sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------------------- detection
+
+QWEN3_CODER_TEMPLATE = "{%- if tools %}...<tool_call>\n<function={{ tool_call.name }}>\n<parameter=..."
+HERMES_TEMPLATE = '{%- if tools %}<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("template", "vocab", "expected"),
+    [
+        (QWEN3_CODER_TEMPLATE, None, "qwen3_coder_xml"),
+        (HERMES_TEMPLATE, {"<tool_call>": 1}, "hermes"),
+        ("{% if tools %}<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>", None, "glm"),
+        ("{% for tool_call in message.tool_calls %}[TOOL_CALLS]", None, "mistral"),
+        ("{{- '<|python_tag|>' }} tools", None, "llama3_json"),
+        ("tools <|start_header_id|> {\"name\": function name, \"parameters\": dict}", None, "llama3_json"),
+        ("tools <|tool_call>call:{{ name }}<tool_call|>", None, "gemma"),
+        ("tools <start_function_call>", None, "gemma"),
+        ("tools <minimax:tool_call>\n<invoke name=", None, "minimax"),
+        ("tools <|tool_calls_section_begin|>", None, "kimi_k2"),
+        ("tools <longcat_tool_call>", None, "longcat"),
+        ("tools <｜tool▁calls▁begin｜>", None, "deepseek"),
+        ("{{ messages }} no tool support at all", {"<tool_call>"}, None),
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", {"<tool_call>", "</tool_call>"}, None),
+        ("tools are listed below, with custom markers", {"[TOOL_CALLS]"}, "mistral"),
+        (None, {"<tool_call>", "</tool_call>"}, "hermes"),
+        (None, {"<|tool_calls_section_begin|>": 7}, "kimi_k2"),
+        (None, None, None),
+    ],
+)
+def test_detect_dialect(template, vocab, expected) -> None:
+    assert detect_dialect(template, vocab) == expected
+
+
+def test_detect_gpt_oss_without_harmony_is_none_with_a_warning(caplog) -> None:
+    if tp._optional_available("harmony"):
+        pytest.skip("openai-harmony is installed here")
+    with caplog.at_level("WARNING"):
+        assert detect_dialect("tools <|start|>assistant<|channel|>commentary to=functions.f<|call|>", None) is None
+    assert "openai-harmony" in caplog.text
+
+
+# ----------------------------------------------------------------------------- ids
+
+def test_default_ids() -> None:
+    assert re.fullmatch(r"call_[0-9a-f]{24}", new_call_id())
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", new_mistral_call_id())
+    r = parse_tool_calls(TABLE["hermes"][1].text, "hermes")
+    assert len({c.id for c in r.tool_calls}) == 2
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", c.id) for c in r.tool_calls)
+    m = parse_tool_calls(TABLE["mistral"][0].text, "mistral")
+    assert all(re.fullmatch(r"[A-Za-z0-9]{9}", c.id) for c in m.tool_calls)
+
+
+def test_duplicate_model_ids_get_fresh_ones() -> None:
+    text = ('[TOOL_CALLS][{"name": "a", "arguments": {}, "id": "abc123xyz"}, '
+            '{"name": "b", "arguments": {}, "id": "abc123xyz"}]')
+    r = parse_tool_calls(text, "mistral", id_factory=lambda: "fresh0000")
+    assert [c.id for c in r.tool_calls] == ["abc123xyz", "fresh0000"]
+
+
+# ----------------------------------------------------------------------------- coercion
+
+@pytest.mark.parametrize(
+    ("value", "schema", "expected"),
+    [
+        ("3", {"type": "integer"}, 3),
+        ("3.0", {"type": "integer"}, 3),
+        ("3.5", {"type": "integer"}, "3.5"),
+        ("next tuesday", {"type": "integer"}, "next tuesday"),
+        ("-2.5", {"type": "number"}, -2.5),
+        ("1e999", {"type": "number"}, "1e999"),
+        ("True", {"type": "boolean"}, True),
+        ("yes", {"type": "boolean"}, "yes"),
+        ("null", {"type": ["integer", "null"]}, None),
+        ("7", {"anyOf": [{"type": "integer"}, {"type": "null"}]}, 7),
+        ("3", {"type": ["string", "integer"]}, "3"),
+        ('{"a": 1}', {"type": "object"}, {"a": 1}),
+        ("[1, 2]", {"type": "object"}, "[1, 2]"),
+        ("[1, 2]", {"type": "array"}, [1, 2]),
+        ("3", {}, "3"),
+        ("3", None, "3"),
+        (3, {"type": "string"}, 3),
+    ],
+)
+def test_coerce_value(value, schema, expected) -> None:
+    assert coerce_value(value, schema) == expected
+    assert type(coerce_value(value, schema)) is type(expected)
+
+
+def test_coerce_arguments_only_touches_declared_params_of_known_tools() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}}]
+    assert coerce_arguments("f", {"n": "2", "x": "3"}, tools) == {"n": 2, "x": "3"}
+    assert coerce_arguments("g", {"n": "2"}, tools) == {"n": "2"}
+    assert coerce_arguments("f", {"n": "2"}, None) == {"n": "2"}
+
+
+# ----------------------------------------------------------------------------- API contract
+
+def test_feed_after_finish_raises() -> None:
+    p = StreamingToolParser("hermes")
+    p.finish()
+    with pytest.raises(ValueError):
+        p.feed("x")
+    with pytest.raises(ValueError):
+        p.finish()
+
+
+def test_content_none_and_empty_input() -> None:
+    assert parse_tool_calls("", "hermes").content is None
+    assert parse_tool_calls("", "hermes").tool_calls == []
+
+
+def test_arguments_are_never_invalid_json() -> None:
+    """Values JSON cannot carry (NaN) make the call text, not broken arguments."""
+    text = '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>'
+    r = parse_tool_calls(text, "hermes")
+    assert r.tool_calls == [] and r.content == text
+
+
+def _long_call(dialect: str, size: int) -> str:
+    code = ('x = {"a": [1, 2]}  # </parameter> \\ "q"\n' * (size // 40))[:size]
+    args = json.dumps({"path": "p", "content": code})
+    return {
+        "hermes": f'<tool_call>{{"name": "write_file", "arguments": {args}}}</tool_call>',
+        "qwen3_coder_xml": f"<tool_call>\n<function=write_file>\n<parameter=content>\n{code}\n</parameter>\n</function>\n</tool_call>",
+        "llama3_json": f'{{"name": "write_file", "parameters": {args}}}',
+        "mistral": f"[TOOL_CALLS]write_file[ARGS]{args}",
+        "gemma": f'<|tool_call>call:write_file{{content:<|"|>{code}<|"|>}}<tool_call|>',
+        "glm": f"<tool_call>write_file<arg_key>content</arg_key><arg_value>{code}</arg_value></tool_call>",
+        "minimax": f'<minimax:tool_call><invoke name="write_file"><parameter name="content">{code}</parameter></invoke></minimax:tool_call>',
+        "kimi_k2": f"<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|>",
+        "longcat": f'<longcat_tool_call>{{"name": "write_file", "arguments": {args}}}</longcat_tool_call>',
+        "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    }[dialect]
+
+
+@pytest.mark.parametrize("dialect", sorted(TABLE))
+def test_a_long_call_streams_in_linear_time(dialect: str) -> None:
+    """40 KB of arguments in 4-character chunks: rescans resume (memo), so this is fast.
+    (Rescanning from the start on every chunk took tens of seconds.)"""
+    get_dialect(dialect)  # import outside the timing
+    text = _long_call(dialect, 40_000)
+    p = StreamingToolParser(dialect)
+    start = time.perf_counter()
+    events = []
+    for i in range(0, len(text), 4):
+        events += p.feed(text[i : i + 4])
+    events += p.finish()
+    assert time.perf_counter() - start < 5.0
+    assert p.num_tool_calls == 1
