@@ -11,13 +11,25 @@ TOML layout::
     model = "SmolLM2-135M-Instruct"
     max_concurrent_requests = 8
     api_key = "..."
+    context_scale_to = 200000      # Anthropic API: report token counts as if the window were this
     [cache]
     block_size = 256
     hot_cache_max_size = "2GB"
     [aliases]
     "claude-haiku-4-5" = "SmolLM2-135M-Instruct"
+    [memory]
+    ceiling = "12GB"               # default: total RAM - 8 GB, at least half of RAM
+    soft_watermark = 0.90          # fractions of the ceiling
+    hard_watermark = 0.97
     [models."SmolLM2-135M-Instruct"]
     context_length = 8192
+    default_temperature = 0.7
+    ttl_s = 600                    # unload after 10 idle minutes
+    pin = false                    # true: load at start, never evict
+    aliases = ["gpt-4o-mini"]
+    [models."SmolLM2-135M-Instruct".profiles.precise]   # served as "SmolLM2-135M-Instruct:precise"
+    default_temperature = 0.0
+    default_max_tokens = 256
 """
 
 from __future__ import annotations
@@ -62,14 +74,129 @@ def parse_size(value: str | int | float) -> int:
     return int(float(m.group(1)) * mult)
 
 
+#: ModelSettings fields a profile may set: per-request behaviour, never what is loaded.
+PROFILE_KEYS = (
+    "tool_dialect", "default_temperature", "default_top_p", "default_top_k", "default_min_p",
+    "default_repetition_penalty", "default_max_tokens", "max_output_tokens", "enable_thinking",
+)
+#: What a model serves; None in ModelSettings.task means "detected from its config.json".
+MODEL_TASKS = ("chat", "embeddings", "rerank")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
-    """Per-model settings from the ``[models."<id>"]`` TOML tables."""
+    """Per-model settings from the ``[models."<id>"]`` TOML tables.
+
+    A request's own fields always win over the ``default_*`` ones; ``max_output_tokens`` clamps
+    whatever was asked.
+
+    Attributes:
+        context_length: most tokens (prompt + output); None = the model's config.
+        tool_dialect: tool-call format; None = detected from the chat template.
+        default_temperature, default_top_p, default_top_k, default_min_p,
+            default_repetition_penalty, default_max_tokens: sampling used when a request
+            leaves the field out.
+        max_output_tokens: most tokens one response may generate; a request asking for more
+            (Claude Code asks for 32000+) is clamped to it. None: only the context limits it.
+        enable_thinking: reasoning on/off when the request does not say; None = the template's.
+        ttl_s: unload after this many seconds without requests; None = never.
+        pin: load at start and never evict.
+        aliases: other names requests may use for this model.
+        path: the model folder (or .gguf) when it is not ``<base-path>/models/<id>``.
+        task: "chat", "embeddings" or "rerank"; None = detected from config.json.
+        profiles: name -> overlay (only PROFILE_KEYS set), served as ``<id>:<name>`` on the same
+            engine.
+    """
 
     context_length: int | None = None
     tool_dialect: str | None = None
     default_temperature: float | None = None
+    default_top_p: float | None = None
+    default_top_k: int | None = None
+    default_min_p: float | None = None
+    default_repetition_penalty: float | None = None
     default_max_tokens: int | None = None
+    max_output_tokens: int | None = None
+    enable_thinking: bool | None = None
+    ttl_s: float | None = None
+    pin: bool = False
+    aliases: tuple[str, ...] = ()
+    path: str | None = None
+    task: str | None = None
+    profiles: Mapping[str, ModelSettings] = field(default_factory=dict)
+
+
+_SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    "context_length": (int,), "tool_dialect": (str,), "default_temperature": (int, float),
+    "default_top_p": (int, float), "default_top_k": (int,), "default_min_p": (int, float),
+    "default_repetition_penalty": (int, float), "default_max_tokens": (int,),
+    "max_output_tokens": (int,), "enable_thinking": (bool,), "ttl_s": (int, float), "pin": (bool,),
+    "path": (str,), "task": (str,),
+}
+
+
+def parse_model_settings(model_id: str, table: Mapping[str, Any], *, profile: str | None = None) -> ModelSettings:
+    """One ``[models."<id>"]`` table (or one of its ``profiles.<name>`` tables) -> ModelSettings.
+
+    Raises:
+        InvalidRequestError: an unknown key, a value of the wrong type, or a profile setting
+            something only a model can (ttl_s, pin, path, ...); the message names the key.
+    """
+    where = f'models."{model_id}"' + (f".profiles.{profile}" if profile else "")
+    if not isinstance(table, Mapping):
+        raise InvalidRequestError(f"[{where}] must be a table")
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if profile is not None and key not in PROFILE_KEYS:
+            raise InvalidRequestError(f"[{where}]: {key!r} cannot be set in a profile (allowed: {', '.join(PROFILE_KEYS)})")
+        if key == "aliases":
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) and a for a in value):
+                raise InvalidRequestError(f"[{where}].aliases must be a list of model names")
+            kwargs["aliases"] = tuple(value)
+        elif key == "profiles":
+            if not isinstance(value, Mapping):
+                raise InvalidRequestError(f"[{where}].profiles must be a table of tables")
+            for name in value:
+                if not name or ":" in name or "/" in name:
+                    raise InvalidRequestError(f"[{where}]: bad profile name {name!r} (no ':' or '/')")
+            kwargs["profiles"] = {str(n): parse_model_settings(model_id, t, profile=str(n)) for n, t in value.items()}
+        elif key in _SETTING_TYPES:
+            types = _SETTING_TYPES[key]
+            if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+                raise InvalidRequestError(f"[{where}].{key} has the wrong type: {value!r}")
+            kwargs[key] = float(value) if float in types else value
+        else:
+            raise InvalidRequestError(f"[{where}]: unknown setting {key!r}")
+    if kwargs.get("task") not in (None, *MODEL_TASKS):
+        raise InvalidRequestError(f"[{where}].task must be one of {', '.join(MODEL_TASKS)}")
+    if kwargs.get("ttl_s") is not None and kwargs["ttl_s"] <= 0:
+        raise InvalidRequestError(f"[{where}].ttl_s must be > 0 (leave it out for no TTL)")
+    return ModelSettings(**kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    """The process memory limits (`omlx.memory.ProcessMemoryEnforcer`, ``[memory]`` in TOML).
+
+    Attributes:
+        ceiling_bytes: most memory the process may use; None = total RAM - 8 GB, at least half
+            of RAM (see ``omlx.memory.default_ceiling_bytes``).
+        soft_watermark: fraction of the ceiling above which admission pauses and idle models are
+            evicted; a model load must leave the process below it.
+        hard_watermark: fraction above which the hot KV caches shrink, then models are evicted,
+            then the youngest request is aborted.
+        load_wait_s: how long a request waits for a model to load or for memory to free up
+            before it gets a 507/529.
+        check_interval_s: period of the enforcer and TTL checks.
+    """
+
+    ceiling_bytes: int | None = None
+    soft_watermark: float = 0.90
+    hard_watermark: float = 0.97
+    load_wait_s: float = 120.0
+    check_interval_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +209,11 @@ class CacheConfig:
         enabled: False turns the prefix cache off (for A/B runs).
         ssd_cache_dir: cold tier folder; None = ``<base-path>/cache``.
         ssd_cache_max_bytes: disk budget; None = a bounded fraction of free disk.
+        ssd_enabled: False keeps the cache in RAM only.
+        ssd_write_through_hits: write a hot block to disk once it was hit this many times
+            (high priority); 0 turns that off.
+        ssd_write_new_blocks: queue every new full block for disk at low priority, so a
+            crash (kill -9) loses only the write queue.
     """
 
     block_size: int = 256
@@ -90,6 +222,8 @@ class CacheConfig:
     ssd_cache_dir: str | None = None
     ssd_cache_max_bytes: int | None = None
     ssd_enabled: bool = True
+    ssd_write_through_hits: int = 2
+    ssd_write_new_blocks: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +240,13 @@ class ServerConfig:
         max_body_bytes: larger request bodies get a 413.
         keepalive_s: SSE keep-alive period while a prompt is prefilled.
         preload_blas: re-exec with OpenBLAS preloaded on Linux when MLX would use reference BLAS.
+        disable_kernels: native kernels to keep off (names from ``metal/``, or "all"); each is
+            reported at start-up and in /health.
+        aliases: requested model id -> served id; flags, env and file entries are merged (per name,
+            the higher source wins).
+        context_scale_to: when set, the Anthropic API reports token counts scaled by
+            ``context_scale_to / model context`` so a client that assumes this larger window
+            compacts at the model's real limit; None reports real counts.
     """
 
     host: str = "127.0.0.1"
@@ -119,9 +260,12 @@ class ServerConfig:
     keepalive_s: float = 5.0
     preload_blas: bool = True
     log_level: str = "INFO"
+    disable_kernels: tuple[str, ...] = ()
     cache: CacheConfig = field(default_factory=CacheConfig)
     aliases: Mapping[str, str] = field(default_factory=dict)
+    context_scale_to: int | None = None
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
     @property
     def base_dir(self) -> Path:
@@ -146,14 +290,19 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_API_KEY": "api_key",
     "OMLX_MAX_BODY_BYTES": "max_body_bytes",
     "OMLX_KEEPALIVE_S": "keepalive_s",
+    "OMLX_CONTEXT_SCALE_TO": "context_scale_to",
     "OMLX_PRELOAD_BLAS": "preload_blas",
     "OMLX_LOG_LEVEL": "log_level",
+    "OMLX_DISABLE_KERNELS": "disable_kernels",
     "OMLX_BLOCK_SIZE": "cache.block_size",
     "OMLX_HOT_CACHE_MAX_SIZE": "cache.hot_cache_max_bytes",
     "OMLX_CACHE_ENABLED": "cache.enabled",
     "OMLX_SSD_CACHE_DIR": "cache.ssd_cache_dir",
     "OMLX_SSD_CACHE_MAX_SIZE": "cache.ssd_cache_max_bytes",
     "OMLX_SSD_CACHE_ENABLED": "cache.ssd_enabled",
+    "OMLX_SSD_WRITE_THROUGH_HITS": "cache.ssd_write_through_hits",
+    "OMLX_SSD_WRITE_NEW_BLOCKS": "cache.ssd_write_new_blocks",
+    "OMLX_MEMORY_CEILING": "memory.ceiling_bytes",
 }
 
 _FILE_KEYS = {
@@ -163,22 +312,28 @@ _FILE_KEYS = {
     "ssd_cache_dir": "cache.ssd_cache_dir",
     "ssd_cache_max_size": "cache.ssd_cache_max_bytes",
     "ssd_enabled": "cache.ssd_enabled",
+    "ssd_write_through_hits": "cache.ssd_write_through_hits",
+    "ssd_write_new_blocks": "cache.ssd_write_new_blocks",
 }
+_MEMORY_FILE_KEYS = {"ceiling": "memory.ceiling_bytes"}
 
 
 def _coerce(key: str, value: Any) -> Any:
     name = key.split(".")[-1]
-    if name == "models":
+    if name in ("models", "disable_kernels"):
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
         return tuple(value)
     if name.endswith("_bytes"):
         return None if value in (None, "") else parse_size(value)
-    if name in ("port", "max_concurrent_requests", "max_queued_requests", "block_size"):
+    if name in ("port", "max_concurrent_requests", "max_queued_requests", "block_size",
+                "ssd_write_through_hits"):
         return int(value)
-    if name == "keepalive_s":
+    if name == "context_scale_to":
+        return None if value in (None, "", 0, "0") else int(value)
+    if name in ("keepalive_s", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s"):
         return float(value)
-    if name in ("preload_blas", "enabled", "ssd_enabled"):
+    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks"):
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes", "on")
         return bool(value)
@@ -191,6 +346,9 @@ def _flatten_file(data: Mapping[str, Any]) -> dict[str, Any]:
         if k == "cache" and isinstance(v, Mapping):
             for ck, cv in v.items():
                 out[_FILE_KEYS.get(ck, f"cache.{ck}")] = cv
+        elif k == "memory" and isinstance(v, Mapping):
+            for mk, mv in v.items():
+                out[_MEMORY_FILE_KEYS.get(mk, f"memory.{mk}")] = mv
         elif k in ("aliases", "models") and isinstance(v, Mapping):
             out["aliases" if k == "aliases" else "model_settings"] = v
         elif k == "model":
@@ -233,13 +391,20 @@ def load_config(
             raise InvalidRequestError(f"cannot read config file {path}: {e}") from e
 
     merged: dict[str, Any] = {}
+    aliases: dict[str, Any] = {}
     for source in (file_vals, env_vals, flags):
         merged.update(source)
+        if isinstance(source.get("aliases"), Mapping):
+            aliases.update(source["aliases"])
+    if aliases:
+        merged["aliases"] = aliases
 
     top = {f.name for f in fields(ServerConfig)}
     cache_names = {f.name for f in fields(CacheConfig)}
     cfg_kwargs: dict[str, Any] = {}
     cache_kwargs: dict[str, Any] = {}
+    memory_names = {f.name for f in fields(MemoryConfig)}
+    memory_kwargs: dict[str, Any] = {}
     for key, value in merged.items():
         try:
             if key.startswith("cache."):
@@ -247,11 +412,16 @@ def load_config(
                 if name not in cache_names:
                     raise InvalidRequestError(f"unknown cache setting {name!r}")
                 cache_kwargs[name] = _coerce(key, value)
+            elif key.startswith("memory."):
+                name = key.split(".", 1)[1]
+                if name not in memory_names:
+                    raise InvalidRequestError(f"unknown memory setting {name!r}")
+                memory_kwargs[name] = _coerce(key, value)
             elif key == "aliases":
                 cfg_kwargs["aliases"] = {str(a): str(t) for a, t in dict(value).items()}
             elif key == "model_settings":
                 cfg_kwargs["model_settings"] = {
-                    str(m): ModelSettings(**dict(s)) for m, s in dict(value).items()
+                    str(m): parse_model_settings(str(m), s) for m, s in dict(value).items()
                 }
             elif key in top:
                 cfg_kwargs[key] = _coerce(key, value)
@@ -262,8 +432,17 @@ def load_config(
     cfg = ServerConfig(**cfg_kwargs)
     if cache_kwargs:
         cfg = replace(cfg, cache=replace(cfg.cache, **cache_kwargs))
+    if memory_kwargs:
+        cfg = replace(cfg, memory=replace(cfg.memory, **memory_kwargs))
+    m = cfg.memory
+    if not 0 < m.soft_watermark <= m.hard_watermark <= 1:
+        raise InvalidRequestError("memory watermarks must satisfy 0 < soft_watermark <= hard_watermark <= 1")
+    if m.ceiling_bytes is not None and m.ceiling_bytes < 1:
+        raise InvalidRequestError("memory ceiling must be a positive size, e.g. 12GB")
     if not 1 <= cfg.max_concurrent_requests <= 1024:
         raise InvalidRequestError("max_concurrent_requests must be between 1 and 1024")
     if cfg.cache.block_size < 1:
         raise InvalidRequestError("block_size must be >= 1")
+    if cfg.context_scale_to is not None and cfg.context_scale_to < 1:
+        raise InvalidRequestError("context_scale_to must be a positive number of tokens")
     return cfg

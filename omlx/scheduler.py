@@ -82,6 +82,11 @@ class Scheduler:
                 req.status = RequestStatus.ABORTED
             return req
 
+    def waiting(self) -> list[Request]:
+        """The waiting requests, oldest first (a snapshot)."""
+        with self._lock:
+            return list(self._waiting.values())
+
     def stats(self) -> SchedulerStats:
         with self._lock:
             return SchedulerStats(len(self._running), len(self._waiting), self.max_running, self.max_waiting)

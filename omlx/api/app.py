@@ -16,7 +16,11 @@ from sanic import Sanic
 from sanic import json as json_response
 from sanic.response import empty
 
+from omlx.api import admin as admin_routes
+from omlx.api import anthropic as anthropic_routes
+from omlx.api import embeddings as embeddings_routes
 from omlx.api import openai as openai_routes
+from omlx.api import responses as responses_routes
 from omlx.api.errors import OmlxErrorHandler, error_response
 from omlx.config import ServerConfig
 from omlx.errors import AuthenticationError
@@ -108,7 +112,13 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
         for e in pool.entries():
             pc = e.engine.prefix_cache
             out[e.loaded.model_id] = {"enabled": pc is not None, "note": e.cache_note, **({"hot": pc.stats()} if pc else {})}
+            cold = pc.cold_stats() if pc is not None and hasattr(pc, "cold_stats") else None
+            out[e.loaded.model_id]["cold"] = cold if cold is not None else {"enabled": False}
         return json_response({"models": out})
 
     app.blueprint(openai_routes.bp)
+    app.blueprint(anthropic_routes.bp)
+    app.blueprint(responses_routes.bp)
+    app.blueprint(embeddings_routes.bp)
+    admin_routes.install(app)  # /v1/models/{status,<id>/load,<id>/unload} and load-on-demand middleware
     return app

@@ -18,6 +18,7 @@ from sanic import Blueprint
 from sanic import Request as HttpRequest
 from sanic import json as json_response
 
+from omlx.api import anthropic as anthropic_routes
 from omlx.api.params import (
     get_bool,
     get_float,
@@ -75,7 +76,10 @@ def sampling_from_openai(body: dict[str, Any], entry: PoolEntry, num_prompt_toke
     if mt is None:
         mt = get_int(body, "max_tokens", None, lo=1)
     room = ctx - num_prompt_tokens
-    max_tokens = min(mt, room) if mt is not None else min(room, 4096 if chat else 16)
+    d = entry.settings  # the model's [models."<id>"] defaults, with the request's profile laid over them
+    if d.max_output_tokens:
+        room = min(room, d.max_output_tokens)
+    max_tokens = min(mt, room) if mt is not None else min(room, d.default_max_tokens or (4096 if chat else 16))
     logprobs_flag = body.get("logprobs")
     top_logprobs = 0
     if chat:
@@ -90,19 +94,23 @@ def sampling_from_openai(body: dict[str, Any], entry: PoolEntry, num_prompt_toke
     seed = get_int(body, "seed", None)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=get_float(body, "temperature", 1.0, lo=0.0, hi=2.0),
-        top_p=get_float(body, "top_p", 1.0, lo=0.0, hi=1.0),
-        top_k=get_int(body, "top_k", 0, lo=0),
-        min_p=get_float(body, "min_p", 0.0, lo=0.0, hi=1.0),
+        temperature=get_float(body, "temperature", _or(d.default_temperature, 1.0), lo=0.0, hi=2.0),
+        top_p=get_float(body, "top_p", _or(d.default_top_p, 1.0), lo=0.0, hi=1.0),
+        top_k=get_int(body, "top_k", _or(d.default_top_k, 0), lo=0),
+        min_p=get_float(body, "min_p", _or(d.default_min_p, 0.0), lo=0.0, hi=1.0),
         seed=seed,
         stop=get_stop(body),
         presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
         frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
-        repetition_penalty=get_float(body, "repetition_penalty", 1.0, lo=0.01, hi=10.0),
+        repetition_penalty=get_float(body, "repetition_penalty", _or(d.default_repetition_penalty, 1.0), lo=0.01, hi=10.0),
         logit_bias=get_logit_bias(body, len(entry.loaded.tokenizer)),
         logprobs=want_logprobs,
         top_logprobs=top_logprobs,
     )
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def validate_tools(tools: list[Any] | None, param: str = "tools") -> list[dict[str, Any]] | None:
@@ -164,6 +172,8 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
         thinking = ctk.pop("enable_thinking", None)
         if thinking is None and body.get("reasoning_effort") is not None:
             thinking = body.get("reasoning_effort") != "none"
+        if thinking is None:
+            thinking = entry.settings.enable_thinking
         rendered = render_prompt(tok, messages, tools=tools or None, enable_thinking=thinking, template_kwargs=ctk)
         prompt_ids = rendered.token_ids
         parse_tools = tools if (tools and tool_choice != "none") else None
@@ -196,6 +206,8 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
 
 @bp.get("/models")
 async def list_models(http: HttpRequest):
+    if anthropic_routes.wants_anthropic_shape(http):  # one route, both SDKs' shapes
+        return json_response(anthropic_routes.models_list_json(http.app.ctx.pool.listed_ids(), http.app.ctx.started_at))
     created = int(http.app.ctx.started_at)
     data = [{"id": mid, "object": "model", "created": created, "owned_by": "omlx"} for mid in http.app.ctx.pool.listed_ids()]
     return json_response({"object": "list", "data": data})
@@ -204,6 +216,8 @@ async def list_models(http: HttpRequest):
 @bp.get("/models/<model_id:path>")
 async def get_model(http: HttpRequest, model_id: str):
     http.app.ctx.pool.resolve_id(model_id)
+    if anthropic_routes.wants_anthropic_shape(http):
+        return json_response(anthropic_routes.model_json(model_id, http.app.ctx.started_at))
     return json_response({"id": model_id, "object": "model", "created": int(http.app.ctx.started_at), "owned_by": "omlx"})
 
 

@@ -12,7 +12,6 @@ import ipaddress
 import logging
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,11 +64,16 @@ def startup_status(cfg: ServerConfig) -> dict[str, Any]:
 
     from omlx import __version__
     from omlx.kernels.blas import detect_blas
+    from omlx.kernels.status import native_kernel_status, slow_path_messages
 
     blas = detect_blas()
     slow: list[str] = []
     if not blas.fast:
         slow.append(blas.advice)
+    kernels = native_kernel_status(cfg.disable_kernels)
+    slow.extend(slow_path_messages(kernels))
+    if unknown := sorted(set(cfg.disable_kernels) - set(kernels) - {"all"}):
+        logger.warning("disable_kernels names unknown kernels %s (known: %s)", unknown, ", ".join(kernels))
     for msg in slow:
         logger.warning("SLOW PATH: %s", msg)
     logger.info("BLAS in use: %s (%s)", blas.name, blas.path or "-")
@@ -79,6 +83,7 @@ def startup_status(cfg: ServerConfig) -> dict[str, Any]:
         "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "blas": blas.as_dict(),
+        "kernels": {name: k.as_dict() for name, k in kernels.items()},
         "slow_paths": slow,
     }
 
@@ -94,20 +99,28 @@ def run_server(cfg: ServerConfig) -> int:
     status = startup_status(cfg)
 
     from omlx.api.app import create_app
-    from omlx.pool import EnginePool, load_entry
+    from omlx.memory import gb
+    from omlx.pool import EnginePool
 
-    pool = EnginePool(cfg.aliases)
+    pool = EnginePool(cfg)
+    lim = pool.enforcer.limits
+    logger.info("memory ceiling %s (soft %s, hard %s); process uses %s", gb(lim.ceiling_bytes), gb(lim.soft_bytes),
+                gb(lim.hard_bytes), gb(pool.enforcer.snapshot().used_bytes))
     specs = list(cfg.models) or [None]
     try:
         for spec in specs:
-            entry = load_entry(spec, cfg, progress=sys.stderr.isatty())
-            pool.add(entry)
-            if entry.cache_note:
-                logger.warning("prefix cache for %s: %s", entry.loaded.model_id, entry.cache_note)
+            pool.register(spec)
+        pool.preload(warmup=True)
     except OmlxError as e:
         logger.error("cannot start: %s", e.message)
         pool.stop()
         return 1
+    for model_id, note in [(e.loaded.model_id, e.cache_note) for e in pool.entries()]:
+        if note:  # (no entry stays referenced from this frame: it would pin the model's memory)
+            logger.warning("prefix cache for %s: %s", model_id, note)
+            if not note.startswith("off (disabled"):  # a model family without its fast path
+                status["slow_paths"].append(f"model {model_id} runs without the prefix cache: {note}")
+    pool.start_watchdog()
     app = create_app(cfg, pool, status)
     logger.info("omlx ready on http://%s:%d (models: %s)", cfg.host, cfg.port, ", ".join(pool.listed_ids()))
     try:

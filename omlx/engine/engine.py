@@ -126,7 +126,7 @@ class Engine:
         self.prefill_step_size = prefill_step_size
         self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
         self._sinks: dict[str, Sink] = {}
-        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue[tuple[str, Exception | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -172,10 +172,21 @@ class Engine:
             raise
         self._wake.set()
 
-    def abort(self, request_id: str) -> None:
-        """Abort a request (client went away); its slot is freed on the next step."""
-        self._aborts.put(request_id)
+    def abort(self, request_id: str, error: Exception | None = None) -> None:
+        """Abort a request; its slot is freed on the next step.
+
+        Args:
+            error: None when the client went away (the request ends with an ``abort`` finish);
+                otherwise the request ends with ``Failed(error)`` so its client learns why
+                (memory limit reached, model unloaded).
+        """
+        self._aborts.put((request_id, error))
         self._wake.set()
+
+    def active_requests(self) -> list[Request]:
+        """Requests running or waiting, oldest first (a snapshot, from any thread)."""
+        reqs = [st.request for st in list(self._by_rid.values())] + self.scheduler.waiting()
+        return sorted(reqs, key=lambda r: r.arrival_s)
 
     def run_sync(self, request: Request, timeout_s: float = 600.0) -> list[GenerationEvent]:
         """Run one request to completion from a non-engine thread (warm-up, tools, tests).
@@ -245,8 +256,21 @@ class Engine:
                         logger.exception("request %s failed while emitting output", st.request.request_id)
                         self._drop(st, remove=r.finish_reason is None)
                         st.sink(Failed(EngineError(f"generation failed: {e}")))
+        # Nothing is dropped silently: whatever is still here learns that the engine stopped.
+        gone = EngineError(f"model {self.model_id} was unloaded (or the server is stopping) before this request finished; retry it")
+        sinks = []
         for st in list(self._by_uid.values()):
-            self._finish(st, "abort", remove=False, prompt_cache=None, all_tokens=None)
+            self._drop(st, remove=False)
+            sinks.append(st.sink)
+        for req in self.scheduler.waiting():
+            if self.scheduler.remove_waiting(req.request_id) is not None:
+                sinks.append(self._sinks.pop(req.request_id, None))
+        for sink in sinks:
+            try:
+                if sink is not None:
+                    sink(Failed(gone))
+            except RuntimeError:  # the server's event loop is already closed: nobody is listening
+                pass
 
     def _fail_all(self, error: Exception) -> None:
         self.num_batch_failures += 1
@@ -260,16 +284,20 @@ class Engine:
     def _handle_aborts(self) -> None:
         while True:
             try:
-                rid = self._aborts.get_nowait()
+                rid, error = self._aborts.get_nowait()
             except queue.Empty:
                 return
             st = self._by_rid.get(rid)
             if st is not None:
-                self._finish(st, "abort", remove=True, prompt_cache=None, all_tokens=None)
+                if error is None:
+                    self._finish(st, "abort", remove=True, prompt_cache=None, all_tokens=None)
+                else:
+                    self._drop(st, remove=True)
+                    st.sink(Failed(error))
             elif (req := self.scheduler.remove_waiting(rid)) is not None:
                 sink = self._sinks.pop(rid, None)
                 if sink is not None:
-                    sink(Finished("abort", Usage(req.num_prompt_tokens, 0)))
+                    sink(Finished("abort", Usage(req.num_prompt_tokens, 0)) if error is None else Failed(error))
 
     def _admit(self) -> None:
         for req in self.scheduler.admit():

@@ -1,9 +1,11 @@
-"""The engine's side of the KV cache: mlx arrays in and out of the block pool.
+"""The engine's side of the KV cache: mlx arrays in and out of the hot and cold tiers.
 
 `PrefixCacheTiers` implements the engine's `PrefixCache` protocol on top of the pure
-`omlx.cache.paged.BlockPool`: at admission it looks up the longest cached prefix and
-concatenates its blocks into an mlx-lm ``KVCache`` per layer; when a request finishes it cuts
-the request's KV (prompt and generated tokens) into blocks and registers the new ones.
+`omlx.cache.tiered.TieredCache` (hot `BlockPool` + SSD store): at admission it looks up the
+longest cached prefix (restoring blocks from disk when cheaper than prefill) and concatenates
+its blocks into an mlx-lm ``KVCache`` per layer; when a request finishes it cuts the request's
+KV (prompt and generated tokens) into blocks and registers the new ones. `MlxPayloadCodec`
+converts block payloads to numpy at this boundary, so nothing under ``omlx/cache`` sees mlx.
 
 A block's payload is a tuple over layers of ``(keys, values)``, each ``(1, n_kv_heads,
 num_tokens, head_dim)`` in the model's KV dtype. Only models whose every layer uses mlx-lm's
@@ -15,17 +17,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import psutil
 from mlx_lm.models.cache import KVCache
 
-from omlx.cache.hashing import Namespace, hash_block, make_kv_format, model_fingerprint, tokenizer_hash
-from omlx.cache.paged import BlockPool, PrefixHit
+from omlx.cache.blockfile import DTYPES, HostBlock
+from omlx.cache.hashing import Namespace, make_kv_format, model_fingerprint, tokenizer_hash
+from omlx.cache.paged import BlockPool
+from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
+from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPolicy
 from omlx.config import ServerConfig
 from omlx.engine.loader import LoadedModel
 
@@ -33,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _FINGERPRINT_FILE = ".omlx-fingerprint.json"
+# A measured prefill rate is reused this long (it is a property of the model and the machine).
+_PREFILL_NOTE_MAX_AGE_S = 7 * 24 * 3600
 
 Payload = tuple[tuple[mx.array, mx.array], ...]
 
@@ -42,13 +52,13 @@ class Lease:
     """A request's hold on cached blocks (the engine's `PrefixLease`).
 
     Attributes:
-        hit: the blocks reused (held until release).
+        hit: the blocks reused, from either tier (hot blocks held until release).
         num_cached_tokens: prompt tokens whose KV comes from the cache.
         num_cached_tokens_cold: the part of those restored from the SSD tier.
         caches: one mlx-lm KVCache per layer holding that prefix, or None on a miss.
     """
 
-    hit: PrefixHit
+    hit: TieredHit
     num_cached_tokens: int
     num_cached_tokens_cold: int = 0
     caches: list[Any] | None = None
@@ -106,43 +116,116 @@ def _payload_bytes(payload: Payload) -> int:
     return sum(k.nbytes + v.nbytes for k, v in payload)
 
 
-@dataclass(slots=True)
-class PrefixCacheTiers:
-    """Hot-tier prefix cache of one model (thread-safe; the engine thread does the work).
+class MlxPayloadCodec:
+    """Block payloads (tuples of mlx ``(keys, values)``) to numpy host blocks and back.
+
+    Runs on the engine thread. ``to_host`` does not copy: the numpy arrays are views of the
+    (evaluated, never mutated) mlx buffers, which they keep alive until written. bfloat16
+    travels as its uint16 bit pattern.
 
     Args:
-        pool: the block pool (owns the byte budget and eviction).
-        namespace: this model's namespace.
+        dtype: the KV dtype name (a key of ``omlx.cache.blockfile.DTYPES``).
+    """
+
+    def __init__(self, dtype: str):
+        self.dtype = dtype
+        self._storage = DTYPES[dtype][1]
+
+    def _host_array(self, a: mx.array) -> np.ndarray:
+        m = memoryview(a)
+        if not m.c_contiguous:
+            a = mx.contiguous(a)
+            mx.eval(a)
+            m = memoryview(a)
+        return np.frombuffer(m.cast("B"), dtype=self._storage).reshape(a.shape)
+
+    def to_host(self, payload: object) -> HostBlock:
+        layers = payload  # type: ignore[assignment]
+        dtype = str(layers[0][0].dtype).removeprefix("mlx.core.")  # type: ignore[index]
+        if dtype != self.dtype:
+            raise ValueError(f"block KV is {dtype}, the namespace says {self.dtype}")
+        return HostBlock(dtype, tuple((self._host_array(k), self._host_array(v)) for k, v in layers))  # type: ignore[union-attr]
+
+    def from_host(self, host: HostBlock) -> tuple[Payload, int]:
+        layers = []
+        for k, v in host.layers:
+            kk, vv = mx.array(k), mx.array(v)
+            if host.dtype == "bfloat16":
+                kk, vv = mx.view(kk, mx.bfloat16), mx.view(vv, mx.bfloat16)
+            layers.append((kk, vv))
+        payload = tuple(layers)
+        mx.eval(payload)
+        return payload, _payload_bytes(payload)
+
+
+def measure_prefill_rate(model: Any, num_tokens: int) -> float:
+    """Tokens/s of prefilling one block of ``num_tokens`` into an empty cache (best of two).
+
+    The engine prefills prompts block by block, so this is the cost a restore competes with;
+    a deeper context only makes prefill slower (the estimate is conservative for restores).
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    tokens = mx.array([[10 + (i * 7919) % 997 for i in range(num_tokens)]])
+    best = float("inf")
+    for _ in range(2):
+        cache = make_prompt_cache(model)
+        t0 = time.perf_counter()
+        logits = model(tokens, cache=cache)
+        mx.eval(logits, [c.state for c in cache])
+        best = min(best, time.perf_counter() - t0)
+    return num_tokens / best
+
+
+@dataclass(slots=True)
+class PrefixCacheTiers:
+    """The prefix cache of one model, hot and cold (thread-safe; the engine thread does the work).
+
+    Args:
+        tiers: the hot <-> cold policy over the block pool and the SSD store.
         num_layers: layers per payload.
     """
 
-    pool: BlockPool
-    namespace: Namespace
+    tiers: TieredCache
     num_layers: int
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
+    def pool(self) -> BlockPool:
+        return self.tiers.pool
+
+    @property
+    def namespace(self) -> Namespace:
+        return self.tiers.namespace
+
+    @property
     def block_size(self) -> int:
-        return self.pool.block_size
+        return self.tiers.block_size
 
     def acquire(self, token_ids: list[int]) -> Lease:
-        """Look up and hold the longest cached prefix of ``token_ids`` (at most len - 1 tokens)."""
+        """Look up and hold the longest cached prefix of ``token_ids`` (at most len - 1 tokens),
+        restoring blocks from disk when that is cheaper than prefilling them."""
         with self._lock:
-            hit = self.pool.lookup(token_ids, self.namespace, max_cached_tokens=max(0, len(token_ids) - 1))
-            self.pool.acquire(hit.all_blocks)
+            hit = self.tiers.acquire(token_ids)
             n = hit.num_cached_tokens
-            caches = self._materialize(hit) if n else None
-        return Lease(hit, n, 0, caches)
+            try:
+                caches = self._materialize(hit.parts) if n else None
+            except Exception:
+                self.tiers.release(hit)
+                raise
+        return Lease(hit, n, hit.num_cached_tokens_cold, caches)
 
-    def _materialize(self, hit: PrefixHit) -> list[KVCache]:
-        parts: list[Payload] = [b.payload for b in hit.blocks]  # type: ignore[misc]
-        if hit.partial is not None and hit.num_partial_tokens:
-            k = hit.num_partial_tokens
-            parts.append(tuple((kk[:, :, :k], vv[:, :, :k]) for kk, vv in hit.partial.payload))  # type: ignore[union-attr]
+    def _materialize(self, parts: list[tuple[object, int]]) -> list[KVCache]:
+        sliced: list[Payload] = []
+        for payload, n in parts:
+            layers: Payload = payload  # type: ignore[assignment]
+            if n < layers[0][0].shape[2]:
+                layers = tuple((kk[:, :, :n], vv[:, :, :n]) for kk, vv in layers)
+            sliced.append(layers)
         caches = []
         for layer in range(self.num_layers):
-            keys = mx.concatenate([p[layer][0] for p in parts], axis=2) if len(parts) > 1 else parts[0][layer][0]
-            values = mx.concatenate([p[layer][1] for p in parts], axis=2) if len(parts) > 1 else parts[0][layer][1]
+            keys = mx.concatenate([p[layer][0] for p in sliced], axis=2) if len(sliced) > 1 else sliced[0][layer][0]
+            values = mx.concatenate([p[layer][1] for p in sliced], axis=2) if len(sliced) > 1 else sliced[0][layer][1]
             c = KVCache()
             c.state = (keys, values, keys.shape[2])
             caches.append(c)
@@ -153,59 +236,48 @@ class PrefixCacheTiers:
         """Register the request's new full blocks and its tail (prompt + generated tokens).
 
         Blocks already cached are not copied again; when the budget is exhausted the rest of
-        the chain is skipped (a chain is only useful from its start).
+        the chain is skipped (a chain is only useful from its start). New full blocks are
+        queued for the SSD tier (low priority) off the request path.
         """
         if not prompt_cache or prompt_cache[0].keys is None:
             return
-        total = min(len(token_ids), prompt_cache[0].offset)
-        bs = self.block_size
         keys = [c.keys for c in prompt_cache]
         values = [c.values for c in prompt_cache]
 
-        def payload(a: int, b: int) -> Payload:
+        def payload(a: int, b: int) -> tuple[Payload, int]:
             p = tuple((mx.contiguous(k[:, :, a:b]), mx.contiguous(v[:, :, a:b])) for k, v in zip(keys, values))
             mx.eval(p)
-            return p
+            return p, _payload_bytes(p)
 
-        held = []
         with self._lock:
-            try:
-                parent = self.namespace.key()
-                num_full = total // bs
-                complete = True
-                for i in range(num_full):
-                    toks = token_ids[i * bs:(i + 1) * bs]
-                    h = hash_block(parent, toks)
-                    existing = self.pool.get(h)
-                    if existing is not None and not existing.is_tail:
-                        parent = h
-                        continue
-                    p = payload(i * bs, (i + 1) * bs)
-                    blk = self.pool.register(self.namespace, parent, toks, p, _payload_bytes(p))
-                    if blk is None:
-                        complete = False
-                        break
-                    held.append(blk)
-                    parent = h
-                tail = token_ids[num_full * bs:total]
-                if complete and tail:
-                    p = payload(num_full * bs, total)
-                    blk = self.pool.register_tail(self.namespace, parent, tail, p, _payload_bytes(p))
-                    if blk is not None:
-                        held.append(blk)
-            finally:
-                self.pool.release(held)
+            self.tiers.store_sequence(token_ids, prompt_cache[0].offset, payload)
 
     def release(self, lease: Lease) -> None:
         with self._lock:
             if not lease.released:
                 lease.released = True
-                self.pool.release(lease.hit.all_blocks)
+                self.tiers.release(lease.hit)
                 lease.caches = None
 
-    def clear(self) -> None:
+    def clear(self, *, cold: bool = False) -> None:
+        """Drop the hot tier (and with ``cold``, this model's SSD files)."""
         with self._lock:
-            self.pool.clear(self.namespace)
+            self.tiers.clear(cold=cold)
+
+    def close(self, timeout_s: float | None = 60.0) -> bool:
+        """Write the hot tier back to the SSD tier and stop it (clean shutdown; engine stopped).
+
+        Returns:
+            True when every block reached the disk within ``timeout_s``.
+        """
+        with self._lock:
+            t0 = time.monotonic()
+            done = self.tiers.close(timeout_s)
+            cold = self.tiers.cold_stats()
+        if cold is not None:
+            logger.info("cold KV cache flushed in %.2f s: %d files, %.1f MB%s", time.monotonic() - t0,
+                        cold["num_files"], cold["num_bytes"] / 1e6, "" if done else " (timed out)")
+        return done
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -226,16 +298,78 @@ class PrefixCacheTiers:
             "num_evicted_bytes": s.num_evicted_bytes,
         }
 
+    def cold_stats(self) -> dict[str, Any] | None:
+        """The SSD tier's counters (``/v1/cache/stats`` "cold"), or None when it is off."""
+        with self._lock:
+            return self.tiers.cold_stats()
+
 
 def make_prefix_cache(loaded: LoadedModel, config: ServerConfig) -> PrefixCacheTiers:
-    """Build the cache tiers for a model from the server config (budget printed at startup)."""
+    """Build the cache tiers for a model from the server config (budgets printed at startup)."""
     max_bytes = config.cache.hot_cache_max_bytes or default_hot_cache_bytes()
     kv_dtype = _kv_dtype(loaded)
     ns = model_namespace(loaded, kv_dtype)
-    pool = BlockPool(max_bytes=max_bytes, block_size=config.cache.block_size)
+    bs = config.cache.block_size
+    pool = BlockPool(max_bytes=max_bytes, block_size=bs)
     logger.info("hot KV cache for %s: %.2f GB budget, %d-token blocks, namespace %s",
-                loaded.model_id, max_bytes / 1e9, config.cache.block_size, ns.digest())
-    return PrefixCacheTiers(pool, ns, len(loaded.cache_classes))
+                loaded.model_id, max_bytes / 1e9, bs, ns.digest())
+    policy = TierPolicy(write_through_hits=config.cache.ssd_write_through_hits,
+                        write_new_blocks=config.cache.ssd_write_new_blocks)
+    store, cost = _make_cold_tier(loaded, config, ns, kv_dtype, policy)
+    tiers = TieredCache(pool, ns, MlxPayloadCodec(kv_dtype) if kv_dtype in DTYPES else _NoCodec(),
+                        store, policy, cost)
+    return PrefixCacheTiers(tiers, len(loaded.cache_classes))
+
+
+class _NoCodec:
+    """Codec of a RAM-only cache (never called: without a store nothing goes to disk)."""
+
+    def to_host(self, payload: object) -> HostBlock:
+        raise ValueError("no cold tier")
+
+    def from_host(self, host: HostBlock) -> tuple[object, int]:
+        raise ValueError("no cold tier")
+
+
+def _make_cold_tier(
+    loaded: LoadedModel, config: ServerConfig, ns: Namespace, kv_dtype: str, policy: TierPolicy
+) -> tuple[SSDStore | None, RestoreCostModel | None]:
+    """Open the SSD tier (index rebuilt, budget printed) and measure the restore cost model."""
+    if not config.cache.ssd_enabled:
+        logger.info("SSD KV cache for %s: off (disabled by configuration)", loaded.model_id)
+        return None, None
+    if kv_dtype not in DTYPES:
+        logger.warning("SSD KV cache for %s: off: KV dtype %s cannot be stored", loaded.model_id, kv_dtype)
+        return None, None
+    root = config.ssd_cache_dir
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        budget = config.cache.ssd_cache_max_bytes
+        how = "configured"
+        if budget is None:
+            budget, how = default_ssd_cache_bytes(root), "default: 10% of free disk, at most 50 GB"
+        store = SSDStore(root, ns, dtype=kv_dtype, max_bytes=budget, model_id=loaded.model_id,
+                         progress=sys.stderr.isatty())
+    except OSError as e:
+        logger.warning("SSD KV cache for %s: off: cannot use %s: %s", loaded.model_id, root, e)
+        return None, None
+    st = store.stats()
+    logger.info("SSD KV cache for %s: %s, budget %.2f GB (%s); %d block files (%.1f MB) indexed in "
+                "%.2f s, %d bad deleted", loaded.model_id, store.dir, budget / 1e9, how, st.num_files,
+                st.num_bytes / 1e6, st.scan_s, st.num_bad_files)
+    num_tokens = max(1, min(config.cache.block_size, 512))
+    note = store.load_note("prefill")
+    if note and note.get("num_tokens") == num_tokens and time.time() - note.get("at", 0) < _PREFILL_NOTE_MAX_AGE_S:
+        prefill, when = float(note["tokens_per_s"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(note["at"]))
+    else:
+        prefill, when = measure_prefill_rate(loaded.model, num_tokens), "now"
+        store.save_note("prefill", {"num_tokens": num_tokens, "tokens_per_s": prefill, "at": time.time()})
+    read_bw = store.measure_read_bandwidth() if st.num_files else None
+    logger.info("restore cost model: prefill %.0f tok/s (measured %s, %d-token block); read %s",
+                prefill, when, num_tokens,
+                f"{read_bw / 1e6:.0f} MB/s (measured)" if read_bw else
+                f"{policy.assumed_read_bytes_per_s / 1e6:.0f} MB/s (assumed until measured)")
+    return store, RestoreCostModel(prefill, read_bw, policy)
 
 
 def _kv_dtype(loaded: LoadedModel) -> str:
@@ -248,4 +382,4 @@ def _kv_dtype(loaded: LoadedModel) -> str:
     return "float32"
 
 
-__all__ = ["Lease", "PrefixCacheTiers", "make_prefix_cache", "model_namespace"]
+__all__ = ["Lease", "MlxPayloadCodec", "PrefixCacheTiers", "make_prefix_cache", "measure_prefill_rate", "model_namespace"]

@@ -20,7 +20,8 @@ QUESTION = "List five prime numbers and explain each in one line."
 
 @pytest.fixture(scope="module")
 def servers():
-    cached = ServerProcess(["--block-size", "32"])
+    # RAM tier only: the shared test home's SSD tier would turn the first (cold) request into a hit.
+    cached = ServerProcess(["--block-size", "32", "--no-ssd-cache"])
     plain = ServerProcess(["--no-cache"])
     cached.start()
     try:

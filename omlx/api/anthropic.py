@@ -1,0 +1,497 @@
+"""Anthropic Messages API routes: POST /v1/messages (streaming and not), /v1/messages/count_tokens.
+
+Request JSON -> the neutral chat messages of `omlx.engine.chat` (rendered with the model's own
+chat template) and `SamplingParams` (the model's ``[models."<id>"]`` defaults where the request is
+silent); engine events -> `ModelTurn` (answer text, reasoning, tool calls in the model's dialect)
+-> `MessageBuilder` (anthropic_framing.py), which orders the Message and its SSE events. Shapes follow
+the Anthropic API reference (Messages, Count tokens, Streaming Messages, Errors). Errors answer in
+Anthropic's shape because the route's path starts with /v1/messages (omlx.api.errors); query
+strings such as ``?beta=true`` play no part in routing. Must not: touch mlx, build error JSON
+itself, or know a tool-call dialect's markers.
+
+Mapping onto the chat template (HF templates take OpenAI-style tool messages):
+- ``system`` (a string or text blocks; ``cache_control`` ignored) and ``role: "system"`` messages
+  anywhere in ``messages`` -> system messages, merged by `normalize_messages`;
+- assistant ``tool_use`` -> ``tool_calls`` ``[{id, type: "function", function: {name, arguments}}]``
+  (``arguments`` as an object, which is what HF templates expect); ``thinking`` ->
+  ``reasoning_content`` (signatures are not checked); user ``tool_result`` -> ``role: "tool"``;
+- ``tools[].input_schema`` -> OpenAI function tools; ``tool_choice: none`` drops them;
+- ``thinking`` enabled/adaptive -> the template's ``enable_thinking=True``; disabled -> False; absent
+  -> the model's ``enable_thinking`` setting, else False; the model's reasoning becomes
+  ``thinking`` blocks only when thinking is on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sanic import Blueprint
+from sanic import Request as HttpRequest
+from sanic import json as json_response
+
+from omlx.api.anthropic_framing import MessageBuilder, SseEvent, scale_tokens, to_sse
+from omlx.api.params import get_bool, get_float, get_int, get_list, get_str, parse_json_object
+from omlx.api.sse import KEEPALIVE, SSE_HEADERS, EventStream
+from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta
+from omlx.engine.chat import RenderedPrompt, render_prompt
+from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
+from omlx.pool import PoolEntry
+from omlx.request import Failed, Finished, Request, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+bp = Blueprint("anthropic", url_prefix="/v1")
+
+# Claude Code's first system block is per-request billing metadata, not instructions; keeping it
+# would change the prompt's first tokens on every request and defeat the prefix cache.
+_BILLING_PREFIX = "x-anthropic-billing-header:"
+_MEDIA_TYPES = ("image", "document", "file", "container_upload")
+
+
+@dataclass(slots=True)
+class ChatInput:
+    """An Anthropic request mapped onto the chat template's terms.
+
+    Attributes:
+        messages: role/content dicts for `render_prompt` (system merged later).
+        tools: OpenAI-style function tools, or None.
+        enable_thinking: the template's thinking switch.
+        max_tool_calls: 1 when the client disabled parallel tool use, else None.
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    enable_thinking: bool
+    max_tool_calls: int | None
+
+
+def _blocks(content: Any, param: str) -> list[dict[str, Any]]:
+    """Content as a list of blocks (a string is one text block).
+
+    Raises:
+        InvalidRequestError: content is neither a string nor a list of objects with a ``type``.
+    """
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"{param} must be a string or an array of content blocks", param=param)
+    for j, b in enumerate(content):
+        if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+            raise InvalidRequestError(f"{param}[{j}] must be an object with a 'type'", param=f"{param}[{j}]")
+    return content
+
+
+def _block_text(b: dict[str, Any], param: str) -> str | None:
+    """The text of a text-like block; None for a block type that carries no text for the model.
+
+    Raises:
+        InvalidRequestError: a text block without a string, or media this text model cannot read.
+    """
+    kind = b["type"]
+    if kind == "text":
+        text = b.get("text")
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"{param}.text must be a string", param=param)
+        return text
+    if kind == "document" and isinstance(b.get("source"), dict) and b["source"].get("type") == "text":
+        data = b["source"].get("data")
+        if isinstance(data, str):
+            return data
+    if kind in _MEDIA_TYPES:
+        raise InvalidRequestError(f"{param}: content of type {kind!r} is not supported by this text model", param=param)
+    logger.debug("ignoring content block of type %r at %s", kind, param)
+    return None
+
+
+def _text_of(content: Any, param: str, sep: str = "\n\n") -> str:
+    """Join the text blocks of ``content`` (other block types are rejected or ignored)."""
+    if content is None:
+        return ""
+    parts = []
+    for j, b in enumerate(_blocks(content, param)):
+        t = _block_text(b, f"{param}[{j}]")
+        if t:
+            parts.append(t)
+    return sep.join(parts)
+
+
+def system_text(system: Any) -> str:
+    """``system``: a string or a list of text blocks -> one string (billing metadata dropped).
+
+    Raises:
+        InvalidRequestError: not a string or an array of text blocks.
+    """
+    if system is None:
+        return ""
+    if isinstance(system, str):
+        return system
+    parts = []
+    for j, b in enumerate(_blocks(system, "system")):
+        t = _block_text(b, f"system[{j}]")
+        if t and not t.startswith(_BILLING_PREFIX):
+            parts.append(t)
+    return "\n\n".join(parts)
+
+
+def _assistant(content: Any, param: str, tool_names: dict[str, str]) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, b in enumerate(_blocks(content, param)):
+        p = f"{param}[{j}]"
+        kind = b["type"]
+        if kind == "tool_use":
+            cid, name, args = b.get("id"), b.get("name"), b.get("input", {})
+            if not isinstance(cid, str) or not isinstance(name, str) or not name:
+                raise InvalidRequestError(f"{p}: a tool_use block needs a string 'id' and 'name'", param=p)
+            if not isinstance(args, dict):
+                raise InvalidRequestError(f"{p}.input must be an object", param=f"{p}.input")
+            tool_names[cid] = name
+            calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": args}})
+        elif kind == "thinking":
+            t = b.get("thinking")
+            if not isinstance(t, str):
+                raise InvalidRequestError(f"{p}.thinking must be a string", param=f"{p}.thinking")
+            thinking.append(t)  # the signature may be any string, '' included: not checked
+        elif kind == "redacted_thinking":
+            continue
+        else:
+            t = _block_text(b, p)
+            if t:
+                texts.append(t)
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if thinking:
+        msg["reasoning_content"] = "\n\n".join(thinking)
+    return msg
+
+
+def _user(content: Any, param: str, tool_names: dict[str, str]) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, b in enumerate(_blocks(content, param)):
+        p = f"{param}[{j}]"
+        if b["type"] == "tool_result":
+            cid = b.get("tool_use_id")
+            if not isinstance(cid, str):
+                raise InvalidRequestError(f"{p}.tool_use_id must be a string", param=f"{p}.tool_use_id")
+            if texts:
+                out.append({"role": "user", "content": "\n\n".join(texts)})
+                texts = []
+            msg = {"role": "tool", "tool_call_id": cid, "content": _text_of(b.get("content"), f"{p}.content", "\n")}
+            if cid in tool_names:
+                msg["name"] = tool_names[cid]
+            out.append(msg)
+        else:
+            t = _block_text(b, p)
+            if t:
+                texts.append(t)
+    if texts or not out:
+        out.append({"role": "user", "content": "\n\n".join(texts)})
+    return out
+
+
+def messages_from_anthropic(messages: list[Any], system: Any = None) -> list[dict[str, Any]]:
+    """Anthropic ``system`` + ``messages`` -> chat-template messages (see the module doc).
+
+    Raises:
+        InvalidRequestError: names the message or block at fault.
+    """
+    out: list[dict[str, Any]] = []
+    sys_text = system_text(system)
+    if sys_text:
+        out.append({"role": "system", "content": sys_text})
+    tool_names: dict[str, str] = {}
+    for i, m in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise InvalidRequestError(f"{param} must be an object", param=param)
+        role = m.get("role")
+        content = m.get("content")
+        if role not in ("user", "assistant", "system"):
+            raise InvalidRequestError(f"{param}.role must be 'user' or 'assistant'", param=f"{param}.role")
+        if content is None:
+            raise InvalidRequestError(f"{param}.content is required", param=f"{param}.content")
+        if role == "system":
+            out.append({"role": "system", "content": system_text(content) if not isinstance(content, str) else content})
+        elif role == "assistant":
+            out.append(_assistant(content, f"{param}.content", tool_names))
+        else:
+            out.extend(_user(content, f"{param}.content", tool_names))
+    return out
+
+
+def tools_from_anthropic(tools: list[Any]) -> list[dict[str, Any]]:
+    """``tools`` (name, description, input_schema) -> OpenAI function tools for the template.
+
+    Anthropic server tools (a ``type`` other than ``custom`` and no ``input_schema``, e.g.
+    ``web_search_20250305``) cannot run here and are left out.
+
+    Raises:
+        InvalidRequestError: a tool without a name, or a custom tool without an input_schema.
+    """
+    out = []
+    for i, t in enumerate(tools):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+            raise InvalidRequestError(f"{p} must be an object with a non-empty 'name'", param=p)
+        schema = t.get("input_schema")
+        if schema is None and t.get("type") not in (None, "custom"):
+            logger.debug("leaving out server tool %s (%s)", t["name"], t.get("type"))
+            continue
+        if not isinstance(schema, dict):
+            raise InvalidRequestError(f"{p}.input_schema must be a JSON schema object", param=f"{p}.input_schema")
+        desc = t.get("description")
+        out.append({"type": "function", "function": {
+            "name": t["name"], "description": desc if isinstance(desc, str) else "", "parameters": schema}})
+    return out
+
+
+def thinking_enabled(body: dict[str, Any], max_tokens: int | None) -> bool:
+    """``thinking``: absent or disabled -> False; enabled (budget_tokens >= 1024 and < max_tokens)
+    or adaptive -> True.
+
+    Raises:
+        InvalidRequestError: a malformed ``thinking`` object.
+    """
+    t = body.get("thinking")
+    if t is None:
+        return False
+    if not isinstance(t, dict):
+        raise InvalidRequestError("'thinking' must be an object", param="thinking")
+    kind = t.get("type")
+    if kind == "disabled":
+        return False
+    if kind == "adaptive":
+        return True
+    if kind == "enabled":
+        budget = t.get("budget_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int):
+            raise InvalidRequestError("'thinking.budget_tokens' must be an integer", param="thinking.budget_tokens")
+        if budget < 1024:
+            raise InvalidRequestError("'thinking.budget_tokens' must be >= 1024", param="thinking.budget_tokens")
+        if max_tokens is not None and budget >= max_tokens:
+            raise InvalidRequestError("'max_tokens' must be greater than 'thinking.budget_tokens'", param="thinking.budget_tokens")
+        return True
+    raise InvalidRequestError("'thinking.type' must be 'enabled', 'adaptive' or 'disabled'", param="thinking.type")
+
+
+def chat_input(body: dict[str, Any], max_tokens: int | None) -> ChatInput:
+    """Map the request body (messages, system, tools, tool_choice, thinking) onto the template.
+
+    Raises:
+        InvalidRequestError: missing or malformed fields (the error names the field).
+    """
+    messages = messages_from_anthropic(get_list(body, "messages", non_empty=True), body.get("system"))
+    tools = tools_from_anthropic(get_list(body, "tools", [])) or None
+    max_tool_calls = None
+    tc = body.get("tool_choice")
+    if tc is not None:
+        if not isinstance(tc, dict) or tc.get("type") not in ("auto", "any", "tool", "none"):
+            raise InvalidRequestError("'tool_choice.type' must be 'auto', 'any', 'tool' or 'none'", param="tool_choice")
+        if tc["type"] == "tool":
+            names = {t["function"]["name"] for t in tools or []}
+            if tc.get("name") not in names:
+                raise InvalidRequestError("'tool_choice.name' must name one of the request's tools", param="tool_choice.name")
+        if tc["type"] == "none":
+            tools = None
+        if tc.get("disable_parallel_tool_use") is True:
+            max_tool_calls = 1
+    return ChatInput(messages, tools, thinking_enabled(body, max_tokens), max_tool_calls)
+
+
+def _stop_sequences(body: dict[str, Any]) -> tuple[str, ...]:
+    v = body.get("stop_sequences")
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise InvalidRequestError("'stop_sequences' must be an array of strings", param="stop_sequences")
+    return tuple(s for s in v if s)
+
+
+def context_scale(http: HttpRequest, entry: PoolEntry) -> float:
+    """Factor applied to reported token counts (``context_scale_to / model context``; 1 = off)."""
+    to = http.app.ctx.config.context_scale_to
+    return to / entry.loaded.context_length if to else 1.0
+
+
+def _check_context(num_prompt: int, entry: PoolEntry, scale: float) -> None:
+    ctx = entry.loaded.context_length
+    if num_prompt >= ctx:
+        # Claude Code recognizes this wording (and its numbers) and compacts the conversation.
+        raise ContextLengthError(
+            f"prompt is too long: {scale_tokens(num_prompt, scale)} tokens > {scale_tokens(ctx - 1, scale)} maximum",
+            param="messages",
+        )
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+@dataclass(slots=True)
+class _Prepared:
+    entry: PoolEntry
+    request: Request
+    model_name: str
+    stream: bool
+    chat: ChatInput
+    scale: float
+    think: tuple[str, str] | None
+    in_reasoning: bool
+
+
+def _chat_for(body: dict[str, Any], entry: PoolEntry, max_tokens: int | None) -> ChatInput:
+    """`chat_input`, with the model's ``enable_thinking`` setting when the request has no ``thinking``."""
+    chat = chat_input(body, max_tokens)
+    if body.get("thinking") is None and entry.settings.enable_thinking is not None:
+        chat.enable_thinking = entry.settings.enable_thinking
+    return chat
+
+
+def _render(entry: PoolEntry, chat: ChatInput) -> RenderedPrompt:
+    return render_prompt(entry.loaded.tokenizer, chat.messages, tools=chat.tools, enable_thinking=chat.enable_thinking)
+
+
+def _prepare(http: HttpRequest) -> _Prepared:
+    ctx = http.app.ctx
+    body = parse_json_object(http.body, ctx.config.max_body_bytes)
+    model_name = get_str(body, "model")
+    max_tokens = get_int(body, "max_tokens", None, lo=1)
+    if max_tokens is None:
+        raise InvalidRequestError("'max_tokens' is required", param="max_tokens")
+    stream = get_bool(body, "stream", False)
+    entry = ctx.pool.get(model_name)
+    chat = _chat_for(body, entry, max_tokens)
+    d = entry.settings  # the model's [models."<id>"] defaults, with the request's profile laid over them
+    sampling_fields = dict(
+        temperature=get_float(body, "temperature", _or(d.default_temperature, 1.0), lo=0.0, hi=1.0),
+        top_p=get_float(body, "top_p", _or(d.default_top_p, 1.0), lo=0.0, hi=1.0),
+        top_k=get_int(body, "top_k", _or(d.default_top_k, 0), lo=0),
+        min_p=_or(d.default_min_p, 0.0),
+        repetition_penalty=_or(d.default_repetition_penalty, 1.0),
+        stop=_stop_sequences(body),
+    )
+    scale = context_scale(http, entry)
+    rendered = _render(entry, chat)
+    prompt_ids = rendered.token_ids
+    _check_context(len(prompt_ids), entry, scale)
+    room = entry.loaded.context_length - len(prompt_ids)
+    if d.max_output_tokens:
+        room = min(room, d.max_output_tokens)
+    sampling = SamplingParams(max_tokens=min(max_tokens, room), **sampling_fields)
+    req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling)
+    logger.debug("messages %s: model %s, %d prompt tokens, max_tokens %d, stream %s", req.request_id,
+                 model_name, len(prompt_ids), sampling.max_tokens, stream)
+    think = entry.think if chat.enable_thinking else None
+    in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
+    return _Prepared(entry, req, model_name, stream, chat, scale, think, in_reasoning)
+
+
+# ---- routes ----------------------------------------------------------------------------------
+
+
+def frame(builder: MessageBuilder, ev: Any) -> list[SseEvent]:
+    """One `ModelTurn` content event (answer text, reasoning, tool-call events) -> stream events."""
+    if isinstance(ev, ContentDelta):
+        return builder.text(ev.text)
+    if isinstance(ev, ReasoningDelta):
+        return builder.thinking(ev.text)
+    return builder.feed(ev)
+
+
+@bp.post("/messages")
+async def create_message(http: HttpRequest):
+    p = _prepare(http)
+    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s)
+    turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.chat.tools, think=p.think,
+                     in_reasoning=p.in_reasoning)
+    turn.start()  # a full queue raises RateLimitError here: a 429 with retry-after, before any SSE
+    builder = MessageBuilder(p.model_name, p.request.num_prompt_tokens, scale=p.scale,
+                             max_tool_calls=p.chat.max_tool_calls)
+    try:
+        if p.stream:
+            return await _stream(http, turn, builder)
+        return await _collect(turn, builder)
+    finally:
+        turn.close()
+
+
+async def _collect(turn: ModelTurn, builder: MessageBuilder):
+    async for ev in turn.events(keepalive=False):
+        if isinstance(ev, Failed):
+            raise ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error))
+        if isinstance(ev, Finished):
+            builder.finish(ev)
+            return json_response(builder.message)
+        frame(builder, ev)
+    raise EngineError("generation ended without a result")
+
+
+async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
+    resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
+    await resp.send(to_sse(builder.start()))
+    try:
+        async for ev in turn.events():
+            if ev is KEEPALIVE:
+                out = [builder.ping()]
+            elif isinstance(ev, Failed):
+                out = builder.fail(ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error)))
+            elif isinstance(ev, Finished):
+                out = builder.finish(ev)
+            else:
+                out = frame(builder, ev)
+            if out:
+                await resp.send(to_sse(out))
+    except Exception as e:  # after the 200 the only way to report is an in-stream error event
+        if builder.done:
+            raise
+        logger.exception("stream of %s failed", builder.message["id"])
+        err = e if isinstance(e, OmlxError) else EngineError(f"internal error: {type(e).__name__}: {e}")
+        await resp.send(to_sse(builder.fail(err)))
+    await resp.eof()
+    return None
+
+
+@bp.post("/messages/count_tokens")
+async def count_tokens(http: HttpRequest):
+    """``{"input_tokens": N}``: N is the prompt the same body would send to /v1/messages."""
+    body = parse_json_object(http.body, http.app.ctx.config.max_body_bytes)
+    model_name = get_str(body, "model")
+    max_tokens = get_int(body, "max_tokens", None, lo=1)
+    entry = http.app.ctx.pool.get(model_name)
+    n = len(_render(entry, _chat_for(body, entry, max_tokens)).token_ids)
+    return json_response({"input_tokens": scale_tokens(n, context_scale(http, entry))})
+
+
+# ---- /v1/models in Anthropic's shape (served by the OpenAI route when anthropic-version is sent)
+
+
+def model_json(model_id: str, started_at: float) -> dict[str, Any]:
+    """One model in the Anthropic Models API shape."""
+    created = datetime.fromtimestamp(int(started_at), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"type": "model", "id": model_id, "display_name": model_id, "created_at": created}
+
+
+def models_list_json(ids: list[str], started_at: float) -> dict[str, Any]:
+    """``{data, has_more, first_id, last_id}`` as the Anthropic SDK's ``models.list`` expects."""
+    return {
+        "data": [model_json(i, started_at) for i in ids],
+        "has_more": False,
+        "first_id": ids[0] if ids else None,
+        "last_id": ids[-1] if ids else None,
+    }
+
+
+def wants_anthropic_shape(http: HttpRequest) -> bool:
+    """Anthropic clients send ``anthropic-version`` on every request; OpenAI clients never do."""
+    return "anthropic-version" in http.headers
+

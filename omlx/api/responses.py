@@ -1,0 +1,512 @@
+"""OpenAI Responses API routes: /v1/responses (create, stream, retrieve, delete, input items).
+
+Request JSON -> `Request`: input items become the neutral chat messages of `omlx.engine.chat`
+(function_call items -> assistant ``tool_calls``, function_call_output -> ``tool`` messages),
+function and namespace tools become chat-template tools. Engine events -> output items and
+stream events through `ResponseBuilder` (omlx.api.responses_framing). Shapes follow the OpenAI
+API reference (Responses); what Codex CLI and the SDK send is in the project's CLIENTS.md.
+
+Earlier output items sent back verbatim (messages with annotations, reasoning items with
+``encrypted_content``, hosted tool calls) are accepted; what a local model cannot use is skipped.
+Stored responses (``store``, default true as in OpenAI's API) live in a bounded in-memory LRU
+for ``previous_response_id``, GET and DELETE; they do not survive a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from sanic import Blueprint
+from sanic import Request as HttpRequest
+from sanic import json as json_response
+
+from omlx.api.openai import logprob_json, sampling_from_openai
+from omlx.api.params import get_bool, get_int, get_list, get_str, parse_json_object
+from omlx.api.responses_framing import ResponseBuilder, new_id
+from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_event
+from omlx.api.turn import ContentDelta, ModelTurn
+from omlx.engine.chat import RenderedPrompt, content_text, render_prompt
+from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, NotFoundError, OmlxError
+from omlx.pool import PoolEntry
+from omlx.request import Failed, Finished, Request, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+bp = Blueprint("responses", url_prefix="/v1")
+
+# Fields passed straight to the shared OpenAI sampling reader (extensions beyond the Responses
+# API, such as top_k, are accepted as on /v1/chat/completions).
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
+                    "frequency_penalty", "repetition_penalty", "logit_bias")
+_LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+# --------------------------------------------------------------------------- stored responses
+
+
+class ResponseStore:
+    """Stored responses by id: an LRU bounded by count and by serialized size.
+
+    Args:
+        max_entries: most responses kept.
+        max_bytes: most bytes of JSON (response + input items) kept.
+    """
+
+    def __init__(self, max_entries: int = 1000, max_bytes: int = 256 * 1024 * 1024):
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], int]] = OrderedDict()
+        self.num_bytes = 0
+
+    def put(self, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+        """Keep ``response`` and the full input it answered; evicts least recently used ones."""
+        size = len(json.dumps(response)) + len(json.dumps(input_items))
+        self.delete(response["id"])
+        if size > self.max_bytes:
+            logger.warning("response %s is %d bytes, more than the store's %d: not stored", response["id"], size, self.max_bytes)
+            return
+        self._items[response["id"]] = (response, input_items, size)
+        self.num_bytes += size
+        while len(self._items) > self.max_entries or self.num_bytes > self.max_bytes:
+            _, (_, _, old) = self._items.popitem(last=False)
+            self.num_bytes -= old
+
+    def get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+        """The response and its input items, or None when unknown (never stored, evicted, deleted)."""
+        hit = self._items.get(response_id)
+        if hit is None:
+            return None
+        self._items.move_to_end(response_id)
+        return hit[0], hit[1]
+
+    def delete(self, response_id: str) -> bool:
+        hit = self._items.pop(response_id, None)
+        if hit is None:
+            return False
+        self.num_bytes -= hit[2]
+        return True
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def response_store(http: HttpRequest) -> ResponseStore:
+    ctx = http.app.ctx
+    store = getattr(ctx, "response_store", None)
+    if store is None:
+        store = ctx.response_store = ResponseStore()
+    return store
+
+
+def _not_found(response_id: str) -> NotFoundError:
+    return NotFoundError(f"Response with id '{response_id}' not found.", param="response_id")
+
+
+def _stored(http: HttpRequest, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    hit = response_store(http).get(response_id)
+    if hit is None:
+        raise _not_found(response_id)
+    return hit
+
+
+# --------------------------------------------------------------------------- tools
+
+
+ToolNames = dict[str, tuple[str | None, str]]
+
+
+def flatten_tools(tools: list[Any], *, param: str = "tools") -> tuple[list[dict[str, Any]], ToolNames]:
+    """Responses tools -> chat-template tools and the map back to the names the client knows.
+
+    Function tools are kept; a ``namespace`` tool contributes the function tools it holds; every
+    other type (web_search, custom, tool_search, mcp, ...) is skipped: a local model has no
+    hosted tools, and free-form custom tools have no JSON arguments.
+
+    Returns:
+        (``[{"type": "function", "function": {name, description, parameters}}]``,
+        flattened name -> (namespace or None, name)). A name already taken gets
+        ``<namespace>__<name>``; a duplicate of that is dropped.
+
+    Raises:
+        InvalidRequestError: a tool is not an object, or a function tool has no name.
+    """
+    chat: list[dict[str, Any]] = []
+    names: ToolNames = {}
+
+    def add(fn: dict[str, Any], namespace: str | None, p: str) -> None:
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError(f"'{p}.name' must be a non-empty string", param=f"{p}.name")
+        flat = name if name not in names or not namespace else f"{namespace}__{name}"
+        if flat in names:
+            return
+        names[flat] = (namespace, name)
+        params = fn.get("parameters")
+        chat.append({"type": "function", "function": {
+            "name": flat,
+            "description": fn.get("description") or "",
+            "parameters": params if isinstance(params, dict) else {"type": "object", "properties": {}},
+        }})
+
+    for i, tool in enumerate(tools):
+        p = f"{param}[{i}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequestError(f"'{p}' must be an object", param=p)
+        if tool.get("type") == "function":
+            add(tool, None, p)
+        elif tool.get("type") == "namespace":
+            ns = tool.get("name") if isinstance(tool.get("name"), str) else None
+            for j, sub in enumerate(tool.get("tools") or []):
+                if isinstance(sub, dict) and sub.get("type") == "function":
+                    add(sub, ns, f"{p}.tools[{j}]")
+    return chat, names
+
+
+def _choose_tools(chat_tools: list[dict[str, Any]], choice: Any) -> list[dict[str, Any]]:
+    """Apply ``tool_choice``: none -> no tools; a named function or ``allowed_tools`` -> those only.
+
+    ``required`` cannot be enforced by sampling here; it is treated as ``auto``.
+    """
+    if choice is None or choice in ("auto", "required"):
+        return chat_tools
+    if choice == "none":
+        return []
+    if not isinstance(choice, dict):
+        raise InvalidRequestError("'tool_choice' must be 'none', 'auto', 'required' or an object", param="tool_choice")
+    if choice.get("type") == "function":
+        wanted = {choice.get("name")}
+    elif choice.get("type") == "allowed_tools":
+        wanted = {t.get("name") for t in choice.get("tools") or [] if isinstance(t, dict)}
+    else:  # a hosted tool (web_search, ...) that is not here
+        return chat_tools
+    return [t for t in chat_tools if t["function"]["name"] in wanted]
+
+
+# --------------------------------------------------------------------------- input items
+
+
+def _output_text(output: Any, p: str) -> str:
+    """A function_call_output's ``output``: a string, or parts of which only text is kept."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        texts = []
+        for part in output:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part, dict):  # an image or file: the model reads text only
+                texts.append(f"[{part.get('type', 'part')} omitted]")
+        return "".join(texts)
+    raise InvalidRequestError(f"'{p}.output' must be a string or an array of parts", param=f"{p}.output")
+
+
+def _message_text(content: Any, p: str) -> str:
+    if isinstance(content, list):  # refusal parts are text too
+        content = [{"type": "text", "text": c["refusal"]} if isinstance(c, dict) and c.get("type") == "refusal" else c
+                   for c in content]
+    return content_text(content, param=f"{p}.content")
+
+
+def input_to_messages(items: list[Any], flat_names: dict[tuple[str | None, str], str] | None = None) -> list[dict[str, Any]]:
+    """Responses input items -> chat messages for `render_prompt`.
+
+    Messages keep their role (system/developer are merged later by `normalize_messages`);
+    consecutive function_call items join the assistant message before them as ``tool_calls``;
+    function_call_output becomes a ``tool`` message; a reasoning item's ``reasoning_text`` becomes
+    the next assistant message's ``reasoning_content`` (templates decide whether to show it).
+    Item references and hosted tool calls are skipped.
+
+    Args:
+        flat_names: (namespace, name) -> the flattened tool name the model sees.
+
+    Raises:
+        InvalidRequestError: an item is not an object, or a message or call is malformed (names
+            ``input[i]...``).
+    """
+    flat_names = flat_names or {}
+    msgs: list[dict[str, Any]] = []
+    call_names: dict[str, str] = {}
+    reasoning: list[str] = []  # reasoning_text of a reasoning item, for the next assistant message
+
+    def assistant(msg: dict[str, Any]) -> dict[str, Any]:
+        if reasoning:
+            msg["reasoning_content"] = "".join(reasoning)
+            reasoning.clear()
+        return msg
+
+    for i, item in enumerate(items):
+        p = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequestError(f"'{p}' must be an object", param=p)
+        kind = item.get("type") or ("message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise InvalidRequestError(f"'{p}.role' must be one of user, assistant, system, developer", param=f"{p}.role")
+            msg = {"role": role, "content": _message_text(item.get("content"), p)}
+            msgs.append(assistant(msg) if role == "assistant" else msg)
+        elif kind in ("function_call", "custom_tool_call"):
+            name, call_id = item.get("name"), item.get("call_id")
+            if not isinstance(name, str) or not name or not isinstance(call_id, str):
+                raise InvalidRequestError(f"'{p}' needs a string 'name' and 'call_id'", param=p)
+            name = flat_names.get((item.get("namespace"), name), name)
+            # a JSON string; normalize_messages turns it into the mapping templates index
+            args = item.get("arguments", "{}") if kind == "function_call" else json.dumps({"input": item.get("input", "")})
+            call_names[call_id] = name
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            last = msgs[-1] if msgs else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                msgs.append(assistant({"role": "assistant", "content": "", "tool_calls": [call]}))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise InvalidRequestError(f"'{p}.call_id' must be a string", param=f"{p}.call_id")
+            msg = {"role": "tool", "tool_call_id": call_id, "content": _output_text(item.get("output", ""), p)}
+            if call_id in call_names:
+                msg["name"] = call_names[call_id]
+            msgs.append(msg)
+        elif kind == "reasoning":  # summaries and encrypted_content cannot be used here
+            reasoning += [c["text"] for c in item.get("content") or []
+                          if isinstance(c, dict) and c.get("type") == "reasoning_text" and isinstance(c.get("text"), str)]
+        else:  # additional_tools, item_reference, hosted tool calls: nothing to render
+            logger.debug("responses: skipping input item of type %r", kind)
+    return msgs
+
+
+def _input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """``input`` as items (a string is one user message), each with an id for input_items."""
+    raw = body.get("input")
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [{"id": new_id("msg"), "type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
+    if not isinstance(raw, list):
+        raise InvalidRequestError("'input' must be a string or an array of items", param="input")
+    return [dict(it, id=it.get("id") or new_id("item")) if isinstance(it, dict) else it for it in raw]
+
+
+# --------------------------------------------------------------------------- request
+
+
+@dataclass(slots=True)
+class _Prepared:
+    entry: PoolEntry
+    request: Request
+    stream: bool
+    store: bool
+    builder: ResponseBuilder
+    parse_tools: list[dict[str, Any]]
+    think: tuple[str, str] | None
+    in_reasoning: bool
+    input_items: list[dict[str, Any]]
+    want_logprobs: bool
+
+
+def _sampling(body: dict[str, Any], entry: PoolEntry, num_prompt_tokens: int, want_logprobs: bool) -> SamplingParams:
+    """Responses sampling fields -> SamplingParams through the shared OpenAI reader.
+
+    Raises:
+        InvalidRequestError: a field has the wrong type or range (names the field).
+        ContextLengthError: the input alone fills the model's context (param ``input``).
+    """
+    shim = {k: body[k] for k in _SAMPLING_FIELDS if k in body}
+    shim["max_tokens"] = get_int(body, "max_output_tokens", None, lo=1)
+    shim["top_logprobs"] = get_int(body, "top_logprobs", 0, lo=0, hi=20)
+    shim["logprobs"] = want_logprobs
+    try:
+        return sampling_from_openai(shim, entry, num_prompt_tokens, chat=True)
+    except ContextLengthError as e:
+        e.param = "input"
+        raise
+
+
+def _render(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], context_length: int,
+            truncation: str, enable_thinking: bool | None = None) -> RenderedPrompt:
+    """Template and tokenize; with ``truncation: auto`` drop the oldest turns until the prompt fits."""
+    while True:
+        try:
+            rendered = render_prompt(tok, messages, tools=tools or None, enable_thinking=enable_thinking)
+        except InvalidRequestError as e:
+            if e.param == "messages":
+                e.param = "input"
+            raise
+        if truncation != "auto" or len(rendered.token_ids) < context_length:
+            return rendered
+        first = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), None)
+        nxt = next((i for i in range(first + 1, len(messages)) if messages[i]["role"] == "user"), None) if first is not None else None
+        if nxt is None:  # only the last user turn is left
+            return rendered
+        del messages[first:nxt]
+
+
+def _prepare(http: HttpRequest) -> _Prepared:
+    ctx = http.app.ctx
+    body = parse_json_object(http.body, ctx.config.max_body_bytes)
+    model_name = get_str(body, "model")
+    entry = ctx.pool.get(model_name)
+    if body.get("conversation") is not None:
+        raise InvalidRequestError("'conversation' is not supported here; send previous_response_id or the full input",
+                                  param="conversation")
+    items = _input_items(body)
+    previous_id = get_str(body, "previous_response_id", None)
+    history: list[Any] = []
+    if previous_id is not None:
+        hit = response_store(http).get(previous_id)
+        if hit is None:
+            raise InvalidRequestError(f"Previous response with id '{previous_id}' not found.", param="previous_response_id")
+        history = hit[1] + hit[0]["output"]
+    all_items = history + items
+
+    tools = get_list(body, "tools", [])
+    extra = [t for it in all_items if isinstance(it, dict) and it.get("type") == "additional_tools"
+             for t in (it.get("tools") or [])]  # Codex sends some tools as an input item
+    chat_tools, names = flatten_tools([*tools, *extra])
+    chat_tools = _choose_tools(chat_tools, body.get("tool_choice"))
+    parallel = get_bool(body, "parallel_tool_calls", True)
+    stream = get_bool(body, "stream", False)
+    store = get_bool(body, "store", True)
+    truncation = get_str(body, "truncation", "disabled")
+    if truncation not in ("auto", "disabled"):
+        raise InvalidRequestError("'truncation' must be 'auto' or 'disabled'", param="truncation")
+    include = get_list(body, "include", [])
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidRequestError("'metadata' must be an object", param="metadata")
+
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise InvalidRequestError("'reasoning' must be an object", param="reasoning")
+    effort = (reasoning or {}).get("effort")
+    thinking = None if effort is None else effort != "none"
+    if thinking is None:
+        thinking = entry.settings.enable_thinking  # None: the template's default
+
+    instructions = get_str(body, "instructions", None, allow_empty=True)
+    messages = ([{"role": "system", "content": instructions}] if instructions else [])
+    messages += input_to_messages(all_items, {v: k for k, v in names.items()})
+    rendered = _render(entry.loaded.tokenizer, messages, chat_tools, entry.loaded.context_length, truncation, thinking)
+    think = entry.think if thinking is not False else None
+    in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
+    want_logprobs = _LOGPROBS_INCLUDE in include or bool(body.get("top_logprobs"))
+    sampling = _sampling(body, entry, len(rendered.token_ids), want_logprobs)
+    request = Request(model=entry.loaded.model_id, prompt_token_ids=rendered.token_ids, sampling=sampling)
+
+    response = {
+        "id": new_id("resp"), "object": "response", "created_at": int(time.time()), "status": "in_progress",
+        "background": False, "error": None, "incomplete_details": None, "instructions": instructions,
+        "max_output_tokens": body.get("max_output_tokens"), "model": model_name, "output": [],
+        "parallel_tool_calls": parallel, "previous_response_id": previous_id,
+        "prompt_cache_key": body.get("prompt_cache_key"),
+        "reasoning": reasoning or {"effort": None, "summary": None}, "store": store,
+        "temperature": sampling.temperature, "text": body.get("text") or {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice") or "auto", "tools": tools, "top_logprobs": sampling.top_logprobs,
+        "top_p": sampling.top_p, "truncation": truncation, "usage": None, "user": body.get("user"),
+        "metadata": metadata or {},
+    }
+    builder = ResponseBuilder(response, tool_names=names, parallel_tool_calls=parallel)
+    return _Prepared(entry, request, stream, store, builder, chat_tools, think, in_reasoning, all_items, want_logprobs)
+
+
+# --------------------------------------------------------------------------- routes
+
+
+@bp.post("/responses")
+async def create_response(http: HttpRequest):
+    p = _prepare(http)
+    b = p.builder
+    store = response_store(http) if p.store else None
+    on_finish = (lambda: store.put(b.response, p.input_items)) if store is not None else None
+    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s)
+    turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.parse_tools, think=p.think,
+                     in_reasoning=p.in_reasoning)
+    turn.start()  # a full queue raises here, before any header: HTTP 429
+    try:
+        if p.stream:
+            resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
+            async for events in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish):
+                if events is KEEPALIVE:
+                    await resp.send(SSE_COMMENT_KEEPALIVE)
+                elif events:
+                    await resp.send("".join(sse_event(e["type"], e) for e in events))
+            await resp.eof()
+            return None  # already sent; returning it again makes Sanic log an error
+        async for _ in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish, keepalive=False):
+            pass
+        if b.error is not None:
+            raise b.error
+        return json_response(b.response)
+    finally:
+        turn.close()
+
+
+async def frame_turn(turn: ModelTurn, b: ResponseBuilder, *, want_logprobs: bool = False,
+                     on_finish: Callable[[], None] | None = None, keepalive: bool = True) -> AsyncIterator[Any]:
+    """A model turn's events -> lists of Responses stream events (or KEEPALIVE markers).
+
+    Args:
+        on_finish: called once the response is complete and before its last events are yielded
+            (storing it there means a client that answers ``response.completed`` at once with
+            ``previous_response_id`` finds it).
+    """
+    yield b.start()
+    async for ev in turn.events(keepalive=keepalive):
+        if ev is KEEPALIVE:
+            yield KEEPALIVE
+        elif isinstance(ev, Finished):
+            out = b.finish(ev.usage, ev.finish_reason)
+            if on_finish is not None:
+                on_finish()
+            yield out
+        elif isinstance(ev, Failed):
+            yield b.fail(ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error)))
+        elif isinstance(ev, ContentDelta) and want_logprobs and ev.logprobs:
+            yield b.feed(ev, [logprob_json(x) for x in ev.logprobs])
+        else:
+            yield b.feed(ev)
+
+
+@bp.post("/responses/input_tokens")
+async def count_input_tokens(http: HttpRequest):
+    """The prompt's token count for a Responses body (nothing is generated or stored)."""
+    p = _prepare(http)
+    return json_response({"object": "response.input_tokens", "input_tokens": p.request.num_prompt_tokens})
+
+
+@bp.get("/responses")
+async def responses_get(http: HttpRequest):
+    # Codex's built-in provider tries a WebSocket first; 426 makes it fall back to HTTP POST.
+    if http.headers.get("upgrade", "").lower() == "websocket":
+        err = InvalidRequestError("WebSocket mode is not supported by this server; use HTTP POST /v1/responses")
+        err.status = 426
+        raise err
+    err = InvalidRequestError("use POST /v1/responses to create a response, GET /v1/responses/{id} to read one")
+    err.status = 405
+    raise err
+
+
+@bp.get("/responses/<response_id>")
+async def retrieve_response(http: HttpRequest, response_id: str):
+    return json_response(_stored(http, response_id)[0])
+
+
+@bp.delete("/responses/<response_id>")
+async def delete_response(http: HttpRequest, response_id: str):
+    if not response_store(http).delete(response_id):
+        raise _not_found(response_id)
+    return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+@bp.get("/responses/<response_id>/input_items")
+async def list_input_items(http: HttpRequest, response_id: str):
+    items = _stored(http, response_id)[1]
+    order = http.args.get("order", "desc")
+    data = list(reversed(items)) if order == "desc" else list(items)
+    return json_response({"object": "list", "data": data, "first_id": data[0].get("id") if data else None,
+                          "last_id": data[-1].get("id") if data else None, "has_more": False})

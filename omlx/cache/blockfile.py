@@ -1,0 +1,422 @@
+"""The cold tier's file format: one KV block as one safetensors file, written crash-safely.
+
+This module owns the bytes of a block file and nothing else: encoding, strict decoding and
+validation, the atomic write (temp file in the same folder, fsync, ``os.replace``, fsync of
+the folder) and the naming of files and temp files. It uses numpy and safetensors only; it
+must not import mlx, keep an index or decide anything about budgets (``omlx.cache.ssd``).
+
+Format (safetensors, https://huggingface.co/docs/safetensors/index#format): tensors
+``layer.{i}.keys`` and ``layer.{i}.values`` for each absolute layer ``i`` of the namespace's
+layer range, each ``(1, n_kv_heads, num_tokens, head_dim)`` in the KV dtype (``BF16`` is
+stored as itself; numpy, which has no bfloat16, sees its bits as uint16). String metadata:
+
+    format          "omlx.kv_block"
+    format_version  SSD_FORMAT_VERSION
+    namespace       Namespace.to_json() (model, tokenizer, KV format, layer range, key version)
+    block_hash      hex of the chained block key (also the file name)
+    parent_hash     hex of the previous block's key (the namespace key for block 0)
+    token_ids       JSON list of the block's token ids
+    num_tokens      len(token_ids)
+    layer_start, layer_end, dtype
+    checksum        "sha256:" + hex over the tensor bytes in the order layer.{start}.keys,
+                    layer.{start}.values, layer.{start + 1}.keys, ...
+
+A block stores only its own tokens, never its prefix: bytes on disk grow linearly with unique
+tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors import TensorSpec, serialize
+
+from omlx.cache.hashing import HASH_NUM_BYTES, Namespace, hash_block
+
+__all__ = [
+    "BLOCK_SUFFIX",
+    "DTYPES",
+    "SSD_FORMAT_VERSION",
+    "TMP_SUFFIX",
+    "BadBlockError",
+    "BlockHeader",
+    "HostBlock",
+    "block_path",
+    "check_metadata",
+    "decode_block",
+    "encode_block",
+    "iter_block_files",
+    "parse_header",
+    "read_header",
+    "remove_stale_temp",
+    "write_file_atomic",
+]
+
+SSD_FORMAT_VERSION = 1
+"""Version of the block file layout; files of any other version are deleted when met."""
+
+FORMAT_NAME = "omlx.kv_block"
+BLOCK_SUFFIX = ".safetensors"
+TMP_SUFFIX = ".tmp"
+_MAX_HEADER_BYTES = 16 * 1024 * 1024
+
+# KV dtype name (as mlx prints it) -> (safetensors dtype code, numpy storage dtype).
+DTYPES: dict[str, tuple[str, type[np.generic]]] = {
+    "float32": ("F32", np.float32),
+    "float16": ("F16", np.float16),
+    "bfloat16": ("BF16", np.uint16),
+}
+
+
+class BadBlockError(ValueError):
+    """A block file is unreadable, inconsistent, or not the block that was asked for."""
+
+
+@dataclass(slots=True)
+class HostBlock:
+    """One block's KV in host memory, as numpy arrays.
+
+    Attributes:
+        dtype: KV dtype name, a key of :data:`DTYPES` (``"bfloat16"`` arrays are uint16 bit
+            patterns).
+        layers: per layer ``(keys, values)``, each C-contiguous ``(1, n_kv_heads, num_tokens,
+            head_dim)``.
+    """
+
+    dtype: str
+    layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of all tensors."""
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the block (axis 2 of every tensor)."""
+        return int(self.layers[0][0].shape[2]) if self.layers else 0
+
+
+def tensor_names(namespace: Namespace) -> list[str]:
+    names = []
+    for i in range(namespace.layer_start, namespace.layer_end):
+        names += [f"layer.{i}.keys", f"layer.{i}.values"]
+    return names
+
+
+def block_path(root: Path, namespace: Namespace, block_hash: bytes) -> Path:
+    """Where a block's file lives: ``<root>/<namespace digest>/<hh>/<hash hex>.safetensors``."""
+    h = block_hash.hex()
+    return root / namespace.digest() / h[:2] / f"{h}{BLOCK_SUFFIX}"
+
+
+def encode_block(
+    namespace: Namespace,
+    parent_hash: bytes,
+    token_ids: Sequence[int],
+    host: HostBlock,
+) -> tuple[bytes, bytes]:
+    """Serialize one block to safetensors bytes.
+
+    Args:
+        namespace: the block's namespace (its layer range names the tensors).
+        parent_hash: key of the previous block, or ``namespace.key()`` for block 0.
+        token_ids: the block's token ids.
+        host: its KV, one ``(keys, values)`` pair per layer of the namespace.
+
+    Returns:
+        ``(block_hash, file bytes)``.
+
+    Raises:
+        ValueError: a layer count, dtype or token count that does not match.
+    """
+    tokens = [int(t) for t in token_ids]
+    block_hash = hash_block(parent_hash, tokens)
+    names = tensor_names(namespace)
+    if host.dtype not in DTYPES:
+        raise ValueError(f"unsupported KV dtype {host.dtype!r}; expected one of {sorted(DTYPES)}")
+    if 2 * len(host.layers) != len(names):
+        raise ValueError(f"{len(host.layers)} layers given, namespace has {len(names) // 2}")
+    code, storage = DTYPES[host.dtype]
+    arrays = [np.ascontiguousarray(a) for pair in host.layers for a in pair]
+    checksum = hashlib.sha256()
+    specs = {}
+    for name, arr in zip(names, arrays):
+        if arr.dtype != storage or arr.ndim != 4 or arr.shape[2] != len(tokens):
+            raise ValueError(
+                f"{name}: got {arr.dtype}{arr.shape}, expected {np.dtype(storage)} "
+                f"(1, heads, {len(tokens)}, head_dim)"
+            )
+        checksum.update(arr.data)
+        specs[name] = TensorSpec(
+            dtype=host.dtype, shape=list(arr.shape), data_ptr=arr.ctypes.data, data_len=arr.nbytes
+        )
+    metadata = {
+        "format": FORMAT_NAME,
+        "format_version": str(SSD_FORMAT_VERSION),
+        "namespace": namespace.to_json(),
+        "block_hash": block_hash.hex(),
+        "parent_hash": parent_hash.hex(),
+        "token_ids": json.dumps(tokens, separators=(",", ":")),
+        "num_tokens": str(len(tokens)),
+        "layer_start": str(namespace.layer_start),
+        "layer_end": str(namespace.layer_end),
+        "dtype": host.dtype,
+        "checksum": "sha256:" + checksum.hexdigest(),
+    }
+    data = bytes(serialize(specs, metadata=metadata))
+    del arrays  # kept alive until serialize copied them (TensorSpec holds raw pointers)
+    return block_hash, data
+
+
+@dataclass(slots=True)
+class BlockHeader:
+    metadata: dict[str, str]
+    tensors: dict[str, dict]
+    header_len: int
+    data_len: int
+
+
+def parse_header(prefix: bytes, file_size: int) -> BlockHeader:
+    """Parse and sanity-check a safetensors header; ``prefix`` holds at least the header."""
+    if file_size < 8 or len(prefix) < 8:
+        raise BadBlockError(f"file of {file_size} bytes is too short for a header")
+    (n,) = struct.unpack("<Q", prefix[:8])
+    if n > _MAX_HEADER_BYTES or 8 + n > file_size or 8 + n > len(prefix):
+        raise BadBlockError(f"header length {n} does not fit a file of {file_size} bytes")
+    try:
+        header = json.loads(prefix[8 : 8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadBlockError(f"header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise BadBlockError("header is not a JSON object")
+    meta = header.pop("__metadata__", None)
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise BadBlockError("metadata missing or not all strings")
+    data_len = file_size - 8 - n
+    end = 0
+    spans = []
+    for name, info in header.items():
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise BadBlockError(f"tensor {name}: bad data_offsets")
+        spans.append((offsets[0], offsets[1]))
+        end = max(end, offsets[1])
+    spans.sort()
+    pos = 0
+    for begin, stop in spans:
+        if begin != pos or stop < begin:
+            raise BadBlockError("tensor data is not one contiguous, non-overlapping region")
+        pos = stop
+    if end != data_len:
+        raise BadBlockError(f"tensor data is {data_len} bytes, header describes {end} (truncated?)")
+    return BlockHeader(meta, header, n, data_len)
+
+
+def check_metadata(
+    meta: dict[str, str],
+    namespace: Namespace,
+    block_hash: bytes,
+    parent_hash: bytes | None,
+    token_ids: Sequence[int] | None,
+    dtype: str | None,
+) -> tuple[bytes, list[int]]:
+    """Check a block's metadata against what was asked for; returns (parent, tokens)."""
+    if meta.get("format") != FORMAT_NAME:
+        raise BadBlockError(f"not an omlx KV block (format {meta.get('format')!r})")
+    if meta.get("format_version") != str(SSD_FORMAT_VERSION):
+        raise BadBlockError(
+            f"format version {meta.get('format_version')!r}, this omlx reads {SSD_FORMAT_VERSION}"
+        )
+    if meta.get("namespace") != namespace.to_json():
+        raise BadBlockError("namespace differs (another model, tokenizer, KV format or layers)")
+    if meta.get("block_hash") != block_hash.hex():
+        raise BadBlockError("block hash in the metadata differs from the file's name")
+    try:
+        parent = bytes.fromhex(meta["parent_hash"])
+        tokens = json.loads(meta["token_ids"])
+        num_tokens = int(meta["num_tokens"])
+        layers = (int(meta["layer_start"]), int(meta["layer_end"]))
+    except (KeyError, ValueError) as exc:
+        raise BadBlockError(f"metadata field missing or malformed: {exc}") from exc
+    if len(parent) != HASH_NUM_BYTES:
+        raise BadBlockError("parent hash is not 32 bytes")
+    if parent_hash is not None and parent != parent_hash:
+        raise BadBlockError("parent hash differs from the chain being restored")
+    if not isinstance(tokens, list) or len(tokens) != num_tokens or num_tokens < 1:
+        raise BadBlockError("token ids do not match num_tokens")
+    if token_ids is not None and tokens != list(token_ids):
+        raise BadBlockError("token ids differ from the request's")
+    try:
+        if hash_block(parent, tokens) != block_hash:
+            raise BadBlockError("block hash does not match sha256(parent, token ids)")
+    except ValueError as exc:
+        raise BadBlockError(f"token ids invalid: {exc}") from exc
+    if layers != (namespace.layer_start, namespace.layer_end):
+        raise BadBlockError(f"layer range {layers} differs from the namespace's")
+    if meta.get("dtype") not in DTYPES or (dtype is not None and meta.get("dtype") != dtype):
+        raise BadBlockError(f"dtype {meta.get('dtype')!r}, expected {dtype!r}")
+    return parent, tokens
+
+
+def decode_block(
+    data: bytes,
+    namespace: Namespace,
+    block_hash: bytes,
+    *,
+    parent_hash: bytes | None = None,
+    token_ids: Sequence[int] | None = None,
+    dtype: str | None = None,
+) -> tuple[HostBlock, bytes, list[int]]:
+    """Parse and fully validate one block file's bytes.
+
+    Checks the header, the format version, the namespace, the block hash (against the name,
+    and recomputed from parent and tokens), the expected parent, tokens and dtype when given,
+    every tensor's name, dtype, shape and extent, and the content checksum.
+
+    Returns:
+        ``(host block whose arrays are views into data, parent hash, token ids)``.
+
+    Raises:
+        BadBlockError: anything does not match; the file must not be served.
+    """
+    header = parse_header(data, len(data))
+    meta = header.metadata
+    parent, tokens = check_metadata(meta, namespace, block_hash, parent_hash, token_ids, dtype)
+    block_dtype = meta["dtype"]
+    code, storage = DTYPES[block_dtype]
+    itemsize = np.dtype(storage).itemsize
+    names = tensor_names(namespace)
+    if set(header.tensors) != set(names):
+        raise BadBlockError("tensor names differ from the namespace's layer range")
+    base = 8 + header.header_len
+    checksum = hashlib.sha256()
+    arrays = []
+    view = memoryview(data)
+    for name in names:
+        info = header.tensors[name]
+        shape = info.get("shape")
+        if info.get("dtype") != code:
+            raise BadBlockError(f"{name}: dtype {info.get('dtype')!r}, expected {code}")
+        if not (isinstance(shape, list) and len(shape) == 4 and all(isinstance(s, int) and s >= 0 for s in shape)):
+            raise BadBlockError(f"{name}: shape {shape!r} is not (1, heads, tokens, head_dim)")
+        if shape[0] != 1 or shape[2] != len(tokens):
+            raise BadBlockError(f"{name}: shape {shape} does not hold {len(tokens)} tokens")
+        begin, end = info["data_offsets"]
+        if end - begin != int(np.prod(shape)) * itemsize:
+            raise BadBlockError(f"{name}: {end - begin} bytes for shape {shape}")
+        chunk = view[base + begin : base + end]
+        checksum.update(chunk)
+        arrays.append(np.frombuffer(chunk, dtype=storage).reshape(shape))
+    if meta.get("checksum") != "sha256:" + checksum.hexdigest():
+        raise BadBlockError("content checksum mismatch (corrupted tensor data)")
+    layers = tuple((arrays[i], arrays[i + 1]) for i in range(0, len(arrays), 2))
+    return HostBlock(block_dtype, layers), parent, tokens
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a folder; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a crash leaves either no file or the whole file.
+
+    Temp file in the same folder (named ``.<name>.<pid>.<random>.tmp``), fsync, ``os.replace``,
+    fsync of the folder.
+
+    Raises:
+        OSError: the write failed (e.g. ``ENOSPC``); no temp file is left behind.
+    """
+    folder = path.parent
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        fsync_dir(folder.parent)
+    tmp = folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    fsync_dir(folder)
+
+
+def remove_stale_temp(path: Path) -> bool:
+    """Delete a temp file whose writer process is gone; True if deleted."""
+    parts = path.name.rsplit(".", 3)  # [".<name>", "<pid>", "<random>", "tmp"]
+    try:
+        pid = int(parts[1])
+    except (IndexError, ValueError):
+        pid = -1
+    if pid > 0 and pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+            return False  # another live process (sharing this cache) may still rename it
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return False
+    elif pid == os.getpid():
+        return False
+    try:
+        path.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def iter_block_files(ns_dir: Path) -> Iterator[Path]:
+    """Block files and temp files of one namespace folder."""
+    try:
+        subdirs = sorted((d for d in os.scandir(ns_dir) if d.is_dir() and len(d.name) == 2), key=lambda d: d.name)
+    except OSError:
+        return
+    for sub in subdirs:
+        try:
+            entries = list(os.scandir(sub.path))
+        except OSError:
+            continue
+        for e in entries:
+            if e.name.endswith(BLOCK_SUFFIX) or e.name.endswith(TMP_SUFFIX):
+                yield Path(e.path)
+
+
+def read_header(path: Path) -> tuple[BlockHeader, int, float]:
+    """Read only the header of a block file; returns (header, file size, mtime)."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        first = f.read(8)
+        if len(first) < 8:
+            raise BadBlockError("file too short")
+        (n,) = struct.unpack("<Q", first)
+        if n > _MAX_HEADER_BYTES:
+            raise BadBlockError(f"header length {n} too large")
+        prefix = first + f.read(n)
+    return parse_header(prefix, st.st_size), st.st_size, st.st_mtime

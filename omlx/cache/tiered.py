@@ -1,0 +1,519 @@
+"""Hot <-> cold policy of one model's KV cache: what goes to disk when, and when to restore.
+
+This module owns the policy between the hot tier (``omlx.cache.paged.BlockPool``, RAM) and
+the cold tier (``omlx.cache.ssd.SSDStore``, disk):
+
+* **Write-back**: a full block evicted from RAM is queued for disk at high priority.
+* **Write-through**: every newly registered full block is queued at low priority (so a
+  kill -9 loses only what was still in the queue), and a block hit ``write_through_hits``
+  times is queued at high priority (in case its low-priority write was dropped).
+* **Restore-on-lookup**: after the hot lookup stops, the chain continues on disk (key of the
+  next block under the last parent found; the index says whether its file exists). The
+  blocks are restored, read ahead by reader threads while earlier ones are converted and
+  registered, only when ``bytes / read bandwidth < tokens / prefill rate``
+  (:class:`RestoreCostModel`); the decision is logged.
+* **Flush** on close: the hot tier's registered blocks are written back so a clean restart
+  restores everything.
+
+Pure Python: payloads are opaque, a :class:`PayloadCodec` from the engine turns them into
+numpy :class:`HostBlock` and back, always on the calling (engine) thread. It must not import
+mlx. Not thread-safe: the engine serializes calls (``omlx.engine.kv_cache``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from omlx.cache.blockfile import HostBlock
+from omlx.cache.hashing import Namespace, hash_block
+from omlx.cache.paged import BlockPool, KVBlock
+from omlx.cache.ssd import SSDStore
+
+__all__ = [
+    "PayloadCodec",
+    "RestoreCostModel",
+    "RestoreDecision",
+    "TierPolicy",
+    "TieredCache",
+    "TieredHit",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class PayloadCodec(Protocol):
+    """Converts the engine's block payloads to host arrays and back (engine thread only)."""
+
+    def to_host(self, payload: object) -> HostBlock:
+        """Host view of a payload; must not copy more than needed, must stay valid while queued."""
+        ...
+
+    def from_host(self, host: HostBlock) -> tuple[object, int]:
+        """A payload built from host arrays, and its size in bytes."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TierPolicy:
+    """Knobs of the hot <-> cold policy.
+
+    Attributes:
+        write_through_hits: queue a hot block for disk (high priority) once it was hit this
+            many times; 0 turns this off.
+        write_new_blocks: queue every newly registered full block (low priority) so that a
+            crash loses only the write queue.
+        assumed_read_bytes_per_s: read bandwidth assumed before any read was measured
+            (conservative: a slow SATA disk).
+        assumed_prefill_tokens_per_s: prefill rate assumed when the engine measured none
+            (conservative: fast, so restores must clearly win).
+        prefetch_blocks: blocks read ahead of the one being converted.
+        reader_threads: threads reading block files.
+    """
+
+    write_through_hits: int = 2
+    write_new_blocks: bool = True
+    assumed_read_bytes_per_s: float = 200e6
+    assumed_prefill_tokens_per_s: float = 20_000.0
+    prefetch_blocks: int = 4
+    reader_threads: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreDecision:
+    """Whether restoring blocks from disk beats prefilling their tokens.
+
+    Attributes:
+        restore: True when ``est_restore_s < est_prefill_s``.
+        num_bytes: bytes to read.
+        num_tokens: tokens the restore saves from prefill.
+        est_restore_s: ``num_bytes / read_bytes_per_s``.
+        est_prefill_s: ``num_tokens / prefill_tokens_per_s``.
+        read_bytes_per_s, prefill_tokens_per_s: the rates used.
+    """
+
+    restore: bool
+    num_bytes: int
+    num_tokens: int
+    est_restore_s: float
+    est_prefill_s: float
+    read_bytes_per_s: float
+    prefill_tokens_per_s: float
+
+
+class RestoreCostModel:
+    """Restore when ``bytes / read bandwidth < tokens / prefill rate``.
+
+    Both rates start from a measurement or a conservative assumption and follow measured
+    restores and prefills (exponentially weighted, weight 0.3 for the newest sample).
+
+    Args:
+        prefill_tokens_per_s: measured prefill rate (e.g. at warm-up), or ``None``.
+        read_bytes_per_s: measured read bandwidth of the cache disk, or ``None``.
+        policy: supplies the assumptions used for ``None``.
+    """
+
+    _WEIGHT = 0.3
+
+    def __init__(
+        self,
+        prefill_tokens_per_s: float | None = None,
+        read_bytes_per_s: float | None = None,
+        policy: TierPolicy | None = None,
+    ) -> None:
+        policy = policy or TierPolicy()
+        self.prefill_tokens_per_s = prefill_tokens_per_s or policy.assumed_prefill_tokens_per_s
+        self.read_bytes_per_s = read_bytes_per_s or policy.assumed_read_bytes_per_s
+        self.prefill_measured = prefill_tokens_per_s is not None
+        self.read_measured = read_bytes_per_s is not None
+
+    def observe_read(self, num_bytes: int, seconds: float) -> None:
+        """Record a restore of ``num_bytes`` that took ``seconds`` end to end."""
+        if num_bytes <= 0 or seconds <= 0:
+            return
+        rate = num_bytes / seconds
+        if self.read_measured:
+            rate = (1 - self._WEIGHT) * self.read_bytes_per_s + self._WEIGHT * rate
+        self.read_bytes_per_s = rate
+        self.read_measured = True
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """Record a prefill of ``num_tokens`` that took ``seconds``."""
+        if num_tokens <= 0 or seconds <= 0:
+            return
+        rate = num_tokens / seconds
+        if self.prefill_measured:
+            rate = (1 - self._WEIGHT) * self.prefill_tokens_per_s + self._WEIGHT * rate
+        self.prefill_tokens_per_s = rate
+        self.prefill_measured = True
+
+    def decide(self, num_bytes: int, num_tokens: int) -> RestoreDecision:
+        """Compare reading ``num_bytes`` with prefilling ``num_tokens``."""
+        est_restore = num_bytes / self.read_bytes_per_s
+        est_prefill = num_tokens / self.prefill_tokens_per_s
+        return RestoreDecision(
+            restore=num_tokens > 0 and est_restore < est_prefill,
+            num_bytes=num_bytes,
+            num_tokens=num_tokens,
+            est_restore_s=est_restore,
+            est_prefill_s=est_prefill,
+            read_bytes_per_s=self.read_bytes_per_s,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+        )
+
+
+@dataclass(slots=True)
+class TieredHit:
+    """The cached prefix of one request, from either tier.
+
+    The request's cached KV is the concatenation, along the token axis, of the first
+    ``num_tokens`` tokens of each payload in ``parts``.
+
+    Attributes:
+        parts: ``(payload, num_tokens)`` in sequence order.
+        held: hot blocks held for the request (release with :meth:`TieredCache.release`).
+        num_cached_tokens: tokens covered by ``parts``.
+        num_cached_tokens_cold: the part of those restored from disk.
+    """
+
+    parts: list[tuple[object, int]] = field(default_factory=list)
+    held: list[KVBlock] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    num_cached_tokens_cold: int = 0
+
+
+@dataclass(slots=True)
+class _Planned:
+    block_hash: bytes
+    parent_hash: bytes
+    token_ids: list[int]
+    num_use: int
+    num_bytes: int
+
+
+class TieredCache:
+    """The KV cache of one model across RAM and disk.
+
+    Args:
+        pool: the hot tier; its ``on_evict`` hook is taken over for write-back.
+        namespace: the model's namespace.
+        codec: payload <-> host conversion.
+        store: the cold tier, or ``None`` for a RAM-only cache.
+        policy: write and restore knobs.
+        cost: the restore cost model (default: assumptions of ``policy``).
+    """
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        namespace: Namespace,
+        codec: PayloadCodec,
+        store: SSDStore | None = None,
+        policy: TierPolicy | None = None,
+        cost: RestoreCostModel | None = None,
+    ) -> None:
+        self.pool = pool
+        self.namespace = namespace
+        self.codec = codec
+        self.store = store
+        self.policy = policy or TierPolicy()
+        self.cost = cost or RestoreCostModel(policy=self.policy)
+        self._flushing = False
+        self._readers: ThreadPoolExecutor | None = None
+        self._warned_dtype = False
+        self.num_cold_lookups = 0
+        self.num_cold_hits = 0
+        self.num_cold_hit_tokens = 0
+        self.num_restored_blocks = 0
+        self.num_restored_bytes = 0
+        self.num_restores_skipped = 0
+        self.num_restore_failures = 0
+        if store is not None:
+            pool.on_evict = self._on_evict
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    # ---- lookup ----------------------------------------------------------------------
+
+    def acquire(self, token_ids: Sequence[int]) -> TieredHit:
+        """Find and hold the longest cached prefix of ``token_ids`` (at most ``len - 1``).
+
+        Hot blocks first; then the chain continues on disk and is restored into the hot tier
+        when the cost model says it is cheaper than prefilling. Blocks restored but not fitting
+        the hot budget are still used for this request (unregistered).
+
+        Returns:
+            The hit; release it with :meth:`release`.
+        """
+        bs = self.block_size
+        limit = max(0, len(token_ids) - 1)
+        hit = self.pool.lookup(token_ids, self.namespace, max_cached_tokens=limit)
+        self.pool.acquire(hit.all_blocks)
+        out = TieredHit(parts=[(b.payload, bs) for b in hit.blocks], held=list(hit.blocks))
+        self._write_through_hits(hit.blocks)
+        pos = len(hit.blocks) * bs
+        num_partial = hit.num_partial_tokens if hit.partial is not None else 0
+        cold = self._restore(token_ids, limit, hit.parent_hash or self.namespace.key(), pos, num_partial, out)
+        if cold:
+            if hit.partial is not None:
+                self.pool.release([hit.partial])
+        elif hit.partial is not None:
+            out.parts.append((hit.partial.payload, num_partial))
+            out.held.append(hit.partial)
+        out.num_cached_tokens = sum(n for _, n in out.parts)
+        out.num_cached_tokens_cold = cold
+        return out
+
+    def release(self, hit: TieredHit) -> None:
+        """Drop the request's hold on its hot blocks (they stay cached)."""
+        held, hit.held = hit.held, []
+        self.pool.release(held)
+        hit.parts = []
+
+    def _plan(self, token_ids: Sequence[int], limit: int, parent: bytes, pos: int) -> list[_Planned]:
+        """The blocks after ``pos`` found on disk (or in the write queue), in chain order."""
+        assert self.store is not None
+        bs = self.block_size
+        plan: list[_Planned] = []
+        while pos < limit and pos + bs <= len(token_ids):
+            tokens = list(token_ids[pos : pos + bs])
+            block_hash = hash_block(parent, tokens)
+            size = self.store.file_bytes(block_hash)
+            if size is None:
+                queued = self.store.pending(block_hash)
+                if queued is None:
+                    break
+                size = queued.num_bytes
+            plan.append(_Planned(block_hash, parent, tokens, min(bs, limit - pos), size))
+            parent = block_hash
+            pos += bs
+        return plan
+
+    def _restore(
+        self, token_ids: Sequence[int], limit: int, parent: bytes, pos: int, num_partial: int, out: TieredHit
+    ) -> int:
+        """Restore the disk continuation into ``out``; returns the tokens restored (0: none)."""
+        if self.store is None or pos >= limit:
+            return 0
+        self.num_cold_lookups += 1
+        plan = self._plan(token_ids, limit, parent, pos)
+        num_tokens = sum(p.num_use for p in plan) - num_partial
+        if not plan or num_tokens <= 0:
+            return 0
+        decision = self.cost.decide(sum(p.num_bytes for p in plan), num_tokens)
+        verb = "restoring" if decision.restore else "recomputing instead of restoring"
+        logger.info(
+            "cold KV cache: %s %d block(s) (%.1f MB) for %d tokens: est. %.3f s read at %.0f MB/s "
+            "vs %.3f s prefill at %.0f tok/s",
+            verb, len(plan), decision.num_bytes / 1e6, decision.num_tokens, decision.est_restore_s,
+            decision.read_bytes_per_s / 1e6, decision.est_prefill_s, decision.prefill_tokens_per_s,
+        )
+        if not decision.restore:
+            self.num_restores_skipped += 1
+            return 0
+        t0 = time.monotonic()
+        restored_tokens = restored_bytes = restored_blocks = 0
+        hashes = [p.block_hash for p in plan]
+        self.store.pin(hashes)
+        futures: deque[Future[HostBlock | None]] = deque()
+        next_read = 0
+        registering = True
+        try:
+            for item in plan:
+                while next_read < len(plan) and len(futures) < max(1, self.policy.prefetch_blocks):
+                    futures.append(self._submit_read(plan[next_read]))
+                    next_read += 1
+                host = futures.popleft().result()
+                if host is None or host.num_tokens != len(item.token_ids):
+                    self.num_restore_failures += 1
+                    break
+                payload, num_bytes = self.codec.from_host(host)
+                if registering:
+                    block = self.pool.register(self.namespace, item.parent_hash, item.token_ids, payload, num_bytes)
+                    if block is None:
+                        registering = False  # hot tier full: use the rest for this request only
+                    else:
+                        out.held.append(block)
+                        payload = block.payload
+                out.parts.append((payload, item.num_use))
+                restored_tokens += item.num_use
+                restored_bytes += item.num_bytes
+                restored_blocks += 1
+        finally:
+            for f in futures:
+                f.cancel()
+            self.store.unpin(hashes)
+        if restored_tokens:
+            self.cost.observe_read(restored_bytes, time.monotonic() - t0)
+            self.num_cold_hits += 1
+            self.num_cold_hit_tokens += restored_tokens
+            self.num_restored_blocks += restored_blocks
+            self.num_restored_bytes += restored_bytes
+        return restored_tokens
+
+    def _submit_read(self, item: _Planned) -> Future[HostBlock | None]:
+        assert self.store is not None
+        queued = self.store.pending(item.block_hash)
+        if queued is not None:
+            done: Future[HostBlock | None] = Future()
+            done.set_result(queued)
+            return done
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(
+                max_workers=max(1, self.policy.reader_threads), thread_name_prefix="omlx-ssd-reader"
+            )
+        return self._readers.submit(self.store.read, item.block_hash, item.parent_hash, item.token_ids)
+
+    # ---- writes ----------------------------------------------------------------------
+
+    def store_sequence(
+        self, token_ids: Sequence[int], num_tokens: int, make_payload: Callable[[int, int], tuple[object, int]]
+    ) -> None:
+        """Register a finished sequence's new full blocks and its tail in the hot tier.
+
+        Blocks already cached are not copied again; when the hot budget is exhausted the
+        rest of the chain is skipped (a chain is only useful from its start). New full blocks
+        are queued for disk at low priority when ``write_new_blocks``.
+
+        Args:
+            token_ids: the sequence's tokens (prompt and generated).
+            num_tokens: how many of them have KV (``<= len(token_ids)``).
+            make_payload: ``(start, end) -> (payload, num_bytes)`` for tokens ``[start, end)``.
+        """
+        bs = self.block_size
+        total = min(len(token_ids), num_tokens)
+        held: list[KVBlock] = []
+        try:
+            parent = self.namespace.key()
+            num_full = total // bs
+            complete = True
+            for i in range(num_full):
+                tokens = token_ids[i * bs : (i + 1) * bs]
+                block_hash = hash_block(parent, tokens)
+                existing = self.pool.get(block_hash)
+                if existing is not None and not existing.is_tail:
+                    parent = block_hash
+                    continue
+                payload, num_bytes = make_payload(i * bs, (i + 1) * bs)
+                block = self.pool.register(self.namespace, parent, tokens, payload, num_bytes)
+                if block is None:
+                    complete = False
+                    break
+                held.append(block)
+                if self.policy.write_new_blocks:
+                    self._write(block, high=False)
+                parent = block_hash
+            tail = token_ids[num_full * bs : total]
+            if complete and tail:
+                payload, num_bytes = make_payload(num_full * bs, total)
+                block = self.pool.register_tail(self.namespace, parent, tail, payload, num_bytes)
+                if block is not None:
+                    held.append(block)
+        finally:
+            self.pool.release(held)
+
+    def _write_through_hits(self, blocks: list[KVBlock]) -> None:
+        n = self.policy.write_through_hits
+        if self.store is None or n <= 0:
+            return
+        for block in blocks:
+            if block.num_hits >= n:
+                self._write(block, high=True)
+
+    def _on_evict(self, block: KVBlock) -> None:
+        if block.namespace.key() == self.namespace.key():
+            self._write(block, high=True, wait=self._flushing)
+
+    def _write(self, block: KVBlock, *, high: bool, wait: bool = False) -> None:
+        store = self.store
+        h = block.block_hash
+        if store is None or h is None or block.is_tail or block.payload is None:
+            return
+        if store.contains(h) or store.is_pending(h):
+            return
+        try:
+            host = self.codec.to_host(block.payload)
+        except Exception:
+            logger.exception("cold KV cache: cannot convert block %d for disk", block.block_id)
+            return
+        if host.dtype != store.dtype:
+            if not self._warned_dtype:
+                self._warned_dtype = True
+                logger.warning("cold KV cache: KV dtype %s differs from the namespace's %s; "
+                               "not writing", host.dtype, store.dtype)
+            return
+        store.put(h, block.parent_hash, block.token_ids, host, high=high, wait=wait)
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def clear(self, *, cold: bool = False) -> None:
+        """Drop the hot tier's blocks (and with ``cold``, the disk files of this namespace)."""
+        self.pool.clear(self.namespace)
+        if cold and self.store is not None:
+            self.store.clear()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued block is on disk; True if done within ``timeout_s``."""
+        return True if self.store is None else self.store.flush(timeout_s)
+
+    def close(self, timeout_s: float | None = 60.0) -> bool:
+        """Write the hot tier's registered blocks back to disk, then stop the cold tier.
+
+        Drops the hot tier's blocks. Returns True when every block reached the disk in time.
+        """
+        if self.store is None:
+            return True
+        self._flushing = True
+        try:
+            self.pool.clear(self.namespace, write_back=True)
+        finally:
+            self._flushing = False
+        done = self.store.close(timeout_s)
+        if self._readers is not None:
+            self._readers.shutdown(wait=False, cancel_futures=True)
+        return done
+
+    def cold_stats(self) -> dict[str, Any] | None:
+        """The cold section of ``/v1/cache/stats``, or ``None`` without a cold tier."""
+        if self.store is None:
+            return None
+        s = self.store.stats()
+        return {
+            "enabled": True,
+            "dir": str(self.store.dir),
+            "num_files": s.num_files,
+            "num_bytes": s.num_bytes,
+            "max_bytes": s.max_bytes,
+            "num_lookups": self.num_cold_lookups,
+            "num_hits": self.num_cold_hits,
+            "num_hit_tokens": self.num_cold_hit_tokens,
+            "num_restored_blocks": self.num_restored_blocks,
+            "num_restored_bytes": self.num_restored_bytes,
+            "num_restores_skipped": self.num_restores_skipped,
+            "num_restore_failures": self.num_restore_failures,
+            "num_bad_files": s.num_bad_files,
+            "num_missing_files": s.num_missing,
+            "num_writes": s.num_writes,
+            "num_written_bytes": s.num_written_bytes,
+            "num_write_errors": s.num_write_errors,
+            "num_disk_full": s.num_disk_full,
+            "num_queue_drops": s.num_queue_drops,
+            "num_budget_drops": s.num_budget_drops,
+            "num_queued": s.num_queued,
+            "num_queued_bytes": s.num_queued_bytes,
+            "num_evictions": s.num_evictions,
+            "num_evicted_bytes": s.num_evicted_bytes,
+            "num_scanned_files": s.num_scanned_files,
+            "scan_s": round(s.scan_s, 3),
+            "read_bytes_per_s": round(self.cost.read_bytes_per_s),
+            "read_bandwidth_measured": self.cost.read_measured,
+            "prefill_tokens_per_s": round(self.cost.prefill_tokens_per_s, 1),
+            "prefill_rate_measured": self.cost.prefill_measured,
+        }

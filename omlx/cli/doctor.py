@@ -1,0 +1,49 @@
+"""`omlx doctor [--json]`: check this machine and omlx's setup; exit 1 on any error.
+
+The checks live in `omlx.kernels.doctor`; this command gathers the facts that need higher
+layers (memory ceiling, whether `omlx serve` could bind), runs them and prints the report.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from omlx.cli.common import config_from
+
+_COLOR = {"ok": "green", "info": "blue", "warning": "yellow", "error": "red"}
+
+
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schema_version 1).")] = False,
+    host: Annotated[Optional[str], typer.Option(help="Address `omlx serve` would bind (default 127.0.0.1).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port `omlx serve` would use (default 8000).")] = None,
+    base_path: Annotated[Optional[str], typer.Option(help="omlx's home (default ~/.omlx).")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", help="TOML config file (default <base-path>/config.toml).")] = None,
+) -> None:
+    """Check the platform, MLX, GPU backend, BLAS, native kernels, memory, disk, port and models."""
+    from omlx.api.server import check_bind
+    from omlx.kernels.doctor import Facts, run_checks
+    from omlx.memory import MemoryLimits
+
+    cfg = config_from({"host": host, "port": port, "base_path": base_path}, config)
+    facts = Facts(memory_ceiling_bytes=MemoryLimits.from_config(cfg.memory).ceiling_bytes,
+                  bind_problem=check_bind(cfg))
+    report = run_checks(cfg, facts)
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), indent=1))
+        raise typer.Exit(report.exit_code)
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(highlight=False, soft_wrap=True)
+    for f in report.findings:
+        console.print(f"[{_COLOR[f.level]}]{f.level:>7}[/]  [bold]{f.check}[/]: {escape(f.summary)}")
+        if f.fix:
+            console.print(f"{'':>9}fix: {escape(f.fix)}")
+    verdict = ("[red]not ready[/]" if report.num_errors else "[yellow]ready, with warnings[/]"
+               if report.num_warnings else "[green]ready[/]")
+    console.print(f"\n{verdict}: {report.num_errors} error(s), {report.num_warnings} warning(s)")
+    raise typer.Exit(report.exit_code)

@@ -1,0 +1,153 @@
+"""Building a running engine for a model folder: chat models and encoders.
+
+Owns: the entry types the pool hands to routes (`PoolEntry` for chat, `EncoderEntry` for
+embeddings and rerank), loading a folder into one (weights, tokenizer, KV cache tiers, tool
+dialect, warm-up) and starting its engine thread. Must not: decide when to load or unload
+(`omlx.pool`), or speak HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omlx.config import ModelSettings, ServerConfig
+from omlx.engine.encoder import EncoderEngine, LoadedEncoder
+from omlx.engine.engine import Engine
+from omlx.engine.loader import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PoolEntry:
+    """A loaded chat model and its engine, as a route sees it.
+
+    Attributes:
+        settings: the model's settings with the request's profile laid over them.
+        profile: that profile's name, or None.
+    """
+
+    loaded: LoadedModel
+    engine: Engine
+    cache_note: str = ""
+    tool_dialect: str | None = None
+    think: tuple[str, str] | None = None
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    profile: str | None = None
+
+
+@dataclass(slots=True)
+class EncoderEntry:
+    """A loaded embedding model or cross-encoder and its engine."""
+
+    engine: EncoderEngine
+    settings: ModelSettings = field(default_factory=ModelSettings)
+
+    @property
+    def loaded(self) -> LoadedEncoder:
+        return self.engine.loaded
+
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_id
+
+    @property
+    def task(self) -> str:
+        return self.engine.loaded.task
+
+
+Entry = PoolEntry | EncoderEntry
+
+
+def load_model(model_id: str, path: Path, task: str, settings: ModelSettings, config: ServerConfig,
+               *, warmup: bool = False) -> Entry:
+    """Load and start one model: a chat engine, or an encoder engine for embeddings/rerank.
+
+    Raises:
+        ModelImportError: the folder cannot be read as that kind of model.
+    """
+    if task in ("embeddings", "rerank"):
+        from omlx.engine.encoder import load_encoder
+
+        t0 = time.monotonic()
+        enc = EncoderEngine(load_encoder(model_id, path, task))
+        enc.start()
+        logger.info("loaded %s model %s from %s in %.1f s", task, model_id, path, time.monotonic() - t0)
+        return EncoderEntry(enc, settings)
+    return load_chat_model(model_id, path, settings, config, warmup=warmup)
+
+
+def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: ServerConfig,
+                    *, warmup: bool = True) -> PoolEntry:
+    """Load, start and (optionally) warm up one chat model.
+
+    The warm-up runs a short chat through the engine so the first client request is as fast
+    as the tenth (kernels compiled, buffers allocated); loads on demand skip it, since a
+    client is already waiting and its own request warms the model up.
+
+    Raises:
+        ModelImportError: the model cannot be read.
+    """
+    from omlx.engine.chat import render_prompt
+    from omlx.engine.loader import load
+    from omlx.request import Failed, Request, SamplingParams
+    from omlx.scheduler import Scheduler
+
+    t0 = time.monotonic()
+    loaded = load(model_id, path)
+    if settings.context_length:
+        loaded.context_length = settings.context_length
+    logger.info("loaded %s from %s in %.1f s", model_id, path, time.monotonic() - t0)
+    scheduler = Scheduler(config.max_concurrent_requests, config.max_queued_requests)
+    prefix_cache, note = build_prefix_cache(loaded, config)
+    engine = Engine(model_id, loaded.model, loaded.tokenizer, scheduler=scheduler,
+                    prefix_cache=prefix_cache, block_size=config.cache.block_size)
+    engine.start()
+    entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config), settings=settings)
+    logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")
+    if warmup:
+        t0 = time.monotonic()
+        msgs = [{"role": "user", "content": "Warm-up: say hello in one short sentence, please."}]
+        ids = render_prompt(loaded.tokenizer, msgs).token_ids
+        evs = engine.run_sync(Request(model_id, ids, SamplingParams(max_tokens=4, temperature=0.0)), 300)
+        if isinstance(evs[-1], Failed):
+            engine.stop()
+            raise evs[-1].error
+        if prefix_cache is not None:
+            prefix_cache.clear()
+        logger.info("warmed up %s in %.2f s", model_id, time.monotonic() - t0)
+    return entry
+
+
+def build_prefix_cache(loaded: LoadedModel, config: ServerConfig):
+    """The KV cache tiers for a model, or (None, reason) when the cache is off for it."""
+    if not config.cache.enabled:
+        return None, "off (disabled by configuration)"
+    if not loaded.blockable:
+        note = f"off: cache classes {sorted(set(loaded.cache_classes))} cannot be cut into exact blocks"
+        logger.warning("prefix cache for %s is %s", loaded.model_id, note)
+        return None, note
+    from omlx.engine.kv_cache import make_prefix_cache
+
+    return make_prefix_cache(loaded, config), ""
+
+
+def model_formats(loaded: LoadedModel, config: ServerConfig) -> tuple[str | None, tuple[str, str] | None]:
+    """(tool dialect, think markers) of a model: configured, else detected from its template."""
+    from omlx.tool_parsers import detect_dialect
+
+    tok = loaded.tokenizer
+    settings = config.model_settings.get(loaded.model_id)
+    dialect = settings.tool_dialect if settings and settings.tool_dialect else None
+    if dialect is None:
+        template = getattr(tok, "chat_template", None)
+        try:
+            vocab = tok.get_vocab()
+        except Exception:
+            vocab = None
+        dialect = detect_dialect(template if isinstance(template, str) else None, vocab)
+    think = (tok.think_start, tok.think_end) if getattr(tok, "has_thinking", False) else None
+    return dialect, think

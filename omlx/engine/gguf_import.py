@@ -1,0 +1,585 @@
+"""Convert a GGUF file into a folder that `mlx_lm.load` can open.
+
+Owns: reading GGUF metadata and tensors, dequantizing them to float32, undoing llama.cpp's
+q/k row permutation, writing `config.json`, `model.safetensors` and the tokenizer files
+(`tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`) into a temp folder that
+is renamed into place in one step.
+Must not: import torch or transformers' GGUF code (it needs torch), pick where models live
+(callers pass the output folder), or print (logging and an optional rich progress bar only).
+
+Architectures: `llama` (SmolLM2, Llama 3.0; not 3.1+ rope scaling) and `qwen2` (Qwen2/2.5); others raise.
+Tokenizers: byte-level BPE (`tokenizer.ggml.model == "gpt2"`) only; SentencePiece files (Gemma,
+Llama 2) raise, since a faithful SentencePiece rebuild is not done here.
+
+Formats followed:
+- GGUF: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (metadata key names such as
+  `llama.rope.freq_base`, `tokenizer.ggml.tokens`, tensor names such as `blk.N.attn_q.weight`).
+- The q/k permutation: `LlamaModel.permute` in llama.cpp's `convert_hf_to_gguf.py`.
+- Dequantization: the `gguf` package (`gguf.quants.dequantize`), llama.cpp's own numpy port of
+  ggml's block formats; it covers every type (Q4_0 … Q8_0, the K-quants, BF16), where
+  `mx.load` keeps only Q4_0/Q4_1/Q8_0.
+- Token types: llama.cpp's `llama_token_type` (1 normal, 2 unknown, 3 control, 4 user defined,
+  5 unused, 6 byte); pre-tokenizer regexes: llama.cpp's `llama-vocab.cpp` per `tokenizer.ggml.pre`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omlx.errors import ModelImportError
+
+logger = logging.getLogger(__name__)
+
+#: Written last into every imported folder; its presence means the import finished.
+IMPORT_MARKER = "omlx_import.json"
+#: Bumped when the output of `import_gguf` changes for the same input file.
+IMPORT_FORMAT_VERSION = 1
+
+# llama_token_type in llama.cpp's llama-vocab.h.
+_TOKEN_CONTROL = 3
+_TOKEN_USER_DEFINED = 4
+
+# Pre-tokenizer split regexes, by `tokenizer.ggml.pre` (llama.cpp llama-vocab.cpp).
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchSpec:
+    """How one GGUF `general.architecture` maps onto an mlx-lm model.
+
+    Attributes:
+        model_type: mlx-lm's `model_type` (the module under `mlx_lm/models/`).
+        hf_architecture: the `architectures` entry HF configs carry.
+        permute_qk: llama.cpp permuted q/k rows when writing the file (llama family only).
+        layer_tensors: GGUF per-layer tensor stem -> HF module path under `model.layers.N.`.
+    """
+
+    model_type: str
+    hf_architecture: str
+    permute_qk: bool
+    layer_tensors: Mapping[str, str] = field(default_factory=dict)
+
+
+_COMMON_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "llama": ArchSpec("llama", "LlamaForCausalLM", permute_qk=True, layer_tensors=_COMMON_LAYER_TENSORS),
+    "qwen2": ArchSpec("qwen2", "Qwen2ForCausalLM", permute_qk=False, layer_tensors=_COMMON_LAYER_TENSORS),
+}
+
+
+# --------------------------------------------------------------------------- permutation
+
+
+def permute_qk(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """llama.cpp's q/k row permutation, HF layout -> GGUF layout.
+
+    A verbatim port of `LlamaModel.permute` in llama.cpp's `convert_hf_to_gguf.py`: within each
+    head, rows `[x0..x_{d/2-1}, y0..y_{d/2-1}]` (HF's rotate-half rope) become interleaved pairs
+    `[x0, y0, x1, y1, ...]` (ggml's adjacent-pair rope). Kept here as the reference the inverse is
+    tested against.
+
+    Args:
+        w: `(n_head * head_dim, ...)` weight or bias, any dtype.
+        n_head: attention heads of the model.
+        n_head_kv: KV heads; when given and different from `n_head` it replaces it (k_proj).
+
+    Returns:
+        An array of the same shape and dtype.
+    """
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo `permute_qk`: GGUF interleaved-pair rows -> HF rotate-half rows.
+
+    Args:
+        w: `(n_head * head_dim, ...)` q or k projection weight (or bias) as stored in the GGUF.
+        n_head: heads of that projection: attention heads for q, KV heads for k.
+
+    Returns:
+        An array of the same shape and dtype with `unpermute_qk(permute_qk(x, h), h) == x`.
+
+    Raises:
+        ModelImportError: the row count is not a multiple of `2 * n_head`.
+    """
+    rows = w.shape[0]
+    if rows % (2 * n_head):
+        raise ModelImportError(f"cannot unpermute {rows} rows over {n_head} heads: rows must be a multiple of 2*heads")
+    # (n_head, head_dim/2, 2, ...) -> (n_head, 2, head_dim/2, ...): pairs back to halves.
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(slots=True)
+class GGUFContents:
+    """What `read_gguf` found: metadata and lazily dequantizable tensors.
+
+    Attributes:
+        metadata: every key/value pair, values as Python scalars, strings or lists.
+        tensor_names: GGUF tensor names in file order.
+        reader: the open `gguf.GGUFReader` (memory-maps the file).
+    """
+
+    metadata: dict[str, Any]
+    tensor_names: list[str]
+    reader: Any
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def arch_key(self, key: str, default: Any = None) -> Any:
+        """`metadata["<architecture>.<key>"]`, or `default`."""
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+
+def read_gguf(gguf_path: Path) -> GGUFContents:
+    """Open a GGUF file and read all of its metadata (tensors stay memory-mapped).
+
+    Raises:
+        ModelImportError: the file is missing or not a GGUF the `gguf` package can parse.
+    """
+    try:
+        from gguf import GGUFReader
+    except ImportError as e:  # pragma: no cover - gguf is a dependency
+        raise ModelImportError("importing GGUF files needs the `gguf` package: pip install gguf") from e
+    if not gguf_path.is_file():
+        raise ModelImportError(f"no such GGUF file: {gguf_path}")
+    try:
+        reader = GGUFReader(gguf_path, "r")
+    except Exception as e:  # the reader raises ValueError/struct.error/... on bad files
+        raise ModelImportError(f"{gguf_path} is not a readable GGUF file: {e}") from e
+    metadata = {name: f.contents() for name, f in reader.fields.items()}
+    return GGUFContents(metadata=metadata, tensor_names=[t.name for t in reader.tensors], reader=reader)
+
+
+def dequantize_tensor(tensor: Any) -> np.ndarray:
+    """Dequantize one `gguf.ReaderTensor` to float32 in HF layout.
+
+    Returns:
+        `(rows, cols)` (or `(n,)`) float32; GGUF lists dims innermost first, numpy outermost first.
+    """
+    from gguf.quants import dequantize
+
+    return np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _f32(value: Any) -> float:
+    """A float32 metadata value as the shortest decimal that round-trips (1e-05, not 9.99e-06)."""
+    return float(str(np.float32(value)))
+
+
+def build_config(contents: GGUFContents) -> dict[str, Any]:
+    """The HF-style `config.json` mlx-lm needs, from GGUF metadata.
+
+    `rope_theta` comes from `<arch>.rope.freq_base` and is always written: mlx-lm's llama falls
+    back to 10000 silently, and SmolLM2 needs 100000. `tie_word_embeddings` is true exactly when
+    the file has no `output.weight`.
+
+    Raises:
+        ModelImportError: unknown architecture, a missing required key, or rope scaling this
+            importer cannot express (a `rope_freqs.weight` tensor, Llama-3.1 style).
+    """
+    arch = contents.architecture
+    spec = ARCHITECTURES.get(arch)
+    if spec is None:
+        raise ModelImportError(
+            f"GGUF architecture {arch!r} is not supported; supported: {sorted(ARCHITECTURES)}. "
+            "Convert it with mlx_lm.convert from the original weights instead."
+        )
+    if "rope_freqs.weight" in contents.tensor_names:
+        raise ModelImportError("this GGUF carries rope_freqs.weight (Llama-3.1-style rope scaling), which is not supported")
+
+    def need(key: str) -> Any:
+        value = contents.arch_key(key)
+        if value is None:
+            raise ModelImportError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden_size = int(need("embedding_length"))
+    n_heads = int(need("attention.head_count"))
+    n_kv_heads = int(contents.arch_key("attention.head_count_kv", n_heads))
+    head_dim = int(contents.arch_key("attention.key_length", hidden_size // n_heads))
+    tokens = contents.metadata.get("tokenizer.ggml.tokens")
+    vocab_size = int(contents.arch_key("vocab_size", len(tokens) if tokens else 0))
+    if not vocab_size:
+        raise ModelImportError(f"GGUF metadata gives no vocabulary size ({arch}.vocab_size or tokenizer.ggml.tokens)")
+    config: dict[str, Any] = {
+        "architectures": [spec.hf_architecture],
+        "model_type": spec.model_type,
+        "hidden_size": hidden_size,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv_heads,
+        "head_dim": head_dim,
+        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
+        # llama.cpp's default when the key is absent is 10000 too, so this matches llama.cpp.
+        "rope_theta": _f32(contents.arch_key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(contents.arch_key("context_length", 2048)),
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": "output.weight" not in contents.tensor_names,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
+    rope_dims = contents.arch_key("rope.dimension_count")
+    if rope_dims is not None and int(rope_dims) != head_dim:
+        raise ModelImportError(f"partial rotary embedding ({rope_dims} of {head_dim} dims) is not supported")
+    scaling_type = contents.arch_key("rope.scaling.type")
+    if scaling_type not in (None, "none"):
+        factor = contents.arch_key("rope.scaling.factor")
+        if scaling_type != "linear" or factor is None:
+            raise ModelImportError(f"rope scaling {scaling_type!r} is not supported by this importer")
+        config["rope_scaling"] = {"type": "linear", "rope_type": "linear", "factor": _f32(factor)}
+    if spec.model_type == "llama":
+        config["attention_bias"] = "blk.0.attn_q.bias" in contents.tensor_names
+        config["mlp_bias"] = "blk.0.ffn_up.bias" in contents.tensor_names
+    for key, name in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
+        value = contents.metadata.get(f"tokenizer.ggml.{key}")
+        if value is not None:
+            config[name] = int(value)
+    return config
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def hf_tensor_name(gguf_name: str, spec: ArchSpec) -> str:
+    """GGUF tensor name -> HF/mlx-lm parameter name.
+
+    Raises:
+        ModelImportError: a tensor this architecture does not know (never dropped silently).
+    """
+    top = {
+        "token_embd.weight": "model.embed_tokens.weight",
+        "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }
+    if gguf_name in top:
+        return top[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in spec.layer_tensors:
+        return f"model.layers.{parts[1]}.{spec.layer_tensors[parts[2]]}.{parts[3]}"
+    raise ModelImportError(f"unexpected tensor {gguf_name!r} for architecture {spec.model_type!r}")
+
+
+def iter_hf_tensors(contents: GGUFContents, config: Mapping[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield `(hf_name, float32 array)` for every tensor, dequantized and un-permuted.
+
+    Side effects: none; each tensor is dequantized when the iterator reaches it.
+    """
+    spec = ARCHITECTURES[contents.architecture]
+    for tensor in contents.reader.tensors:
+        name = hf_tensor_name(tensor.name, spec)
+        w = dequantize_tensor(tensor)
+        stem = tensor.name.split(".")[-2]
+        if spec.permute_qk and stem == "attn_q":
+            w = unpermute_qk(w, config["num_attention_heads"])
+        elif spec.permute_qk and stem == "attn_k":
+            w = unpermute_qk(w, config["num_key_value_heads"])
+        yield name, w
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def _pre_tokenizer(pre: str | None) -> Any:
+    """The `tokenizers` pre-tokenizer for llama.cpp's `tokenizer.ggml.pre` name."""
+    from tokenizers import Regex, pre_tokenizers
+
+    def split_then_bytes(pattern: str) -> Any:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+
+    if pre == "smollm":
+        # llama.cpp splits every digit first, then applies GPT-2's regex; this is also what
+        # HuggingFaceTB/SmolLM2's own tokenizer.json says (Digits + ByteLevel).
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    if pre in ("qwen2", "deepseek-r1-qwen"):
+        return split_then_bytes(_QWEN2_SPLIT)
+    if pre in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe"):
+        return split_then_bytes(_LLAMA3_SPLIT)
+    if pre not in (None, "default", "gpt-2", "gpt2"):
+        logger.warning(
+            "GGUF pre-tokenizer %r is not known to omlx; using GPT-2's split. Tokenization of numbers "
+            "and punctuation may differ from llama.cpp's.",
+            pre,
+        )
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def build_tokenizer(metadata: Mapping[str, Any]) -> Any:
+    """A `tokenizers.Tokenizer` equal to the one the GGUF metadata describes (byte-level BPE).
+
+    Vocabulary and merges come from `tokenizer.ggml.tokens` / `.merges`; tokens typed control (3)
+    become special added tokens and user-defined (4) plain added tokens, so both are matched whole.
+    BOS is prepended only if `tokenizer.ggml.add_bos_token` is true.
+
+    Raises:
+        ModelImportError: no tokenizer, or a tokenizer model other than `gpt2` (byte-level BPE).
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ModelImportError(
+            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
+            "import the original folder with its tokenizer.json instead"
+        )
+    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        logger.warning("GGUF vocabulary has %d duplicate token strings; later ids win", len(tokens) - len(vocab))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    pre = metadata.get("tokenizer.ggml.pre")
+    if pre == "qwen2":
+        tokenizer.normalizer = normalizers.NFC()  # as in Qwen2's own tokenizer.json
+    tokenizer.pre_tokenizer = _pre_tokenizer(pre)
+    tokenizer.decoder = decoders.ByteLevel()
+
+    token_types = list(metadata.get("tokenizer.ggml.token_type", []))
+    special = [t for t, kind_ in zip(tokens, token_types) if kind_ == _TOKEN_CONTROL]
+    user = [t for t, kind_ in zip(tokens, token_types) if kind_ == _TOKEN_USER_DEFINED]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+
+    bos_id = metadata.get("tokenizer.ggml.bos_token_id")
+    if metadata.get("tokenizer.ggml.add_bos_token") and bos_id is not None:
+        bos = tokens[int(bos_id)]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, int(bos_id))]
+        )
+    else:
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tokenizer
+
+
+def build_tokenizer_config(metadata: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`(tokenizer_config.json, special_tokens_map.json)` contents from GGUF metadata."""
+    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
+    token_types = list(metadata.get("tokenizer.ggml.token_type", []))
+
+    def token(key: str) -> str | None:
+        index = metadata.get(f"tokenizer.ggml.{key}")
+        return tokens[int(index)] if index is not None and 0 <= int(index) < len(tokens) else None
+
+    special_map: dict[str, Any] = {}
+    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+        value = token(key)
+        if value is not None:
+            special_map[name] = value
+    special_map["additional_special_tokens"] = [
+        t for t, kind in zip(tokens, token_types) if kind == _TOKEN_CONTROL and t not in special_map.values()
+    ]
+    arch = metadata.get("general.architecture", "")
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(metadata.get(f"{arch}.context_length", 2048)),
+        **{k: v for k, v in special_map.items() if k != "additional_special_tokens"},
+        "additional_special_tokens": special_map["additional_special_tokens"],
+    }
+    template = metadata.get("tokenizer.chat_template")
+    if template:
+        config["chat_template"] = template
+    return config, special_map
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in `chunk_bytes` pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Callable[..., Any]]:
+    """Yields `step(description, total=None) -> advance()`; a no-op when disabled."""
+    if not enabled:
+        yield lambda description, total=None: (lambda n=1: None)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        transient=False,
+    ) as bar:
+        state: dict[str, Any] = {"task": None}
+
+        def step(description: str, total: int | None = None) -> Callable[[int], None]:
+            if state["task"] is not None:
+                task = bar.tasks[-1]
+                bar.update(state["task"], completed=task.total or 1, total=task.total or 1)
+            state["task"] = bar.add_task(description, total=total)
+            return lambda n=1: bar.advance(state["task"], n)
+
+        yield step
+        if state["task"] is not None:
+            task = bar.tasks[-1]
+            bar.update(state["task"], completed=task.total or 1, total=task.total or 1)
+
+
+def import_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
+    """Convert a GGUF (architectures in `ARCHITECTURES`) into an mlx-lm folder at `out_dir`.
+
+    The folder gets `config.json`, `model.safetensors` (every tensor float32: the fastest dtype
+    for MLX on CPU; about 4 bytes per parameter, 0.54 GB for SmolLM2-135M), `tokenizer.json`,
+    `tokenizer_config.json` (with the GGUF's chat template), `special_tokens_map.json`,
+    `generation_config.json`, and last `omlx_import.json` (source sha256 and format version;
+    its presence means the import is complete). Everything is written into a temp folder beside
+    `out_dir`, fsynced and renamed into place in one step, so `out_dir` is never half-written.
+
+    Args:
+        gguf_path: the `.gguf` file.
+        out_dir: the folder to create; must not exist yet.
+        progress: show a rich progress bar on the console.
+
+    Returns:
+        `out_dir`.
+
+    Raises:
+        ModelImportError: `out_dir` exists, the file is not a GGUF, or it describes an
+            architecture, tensor, rope scaling or tokenizer this importer does not support.
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if out_dir.exists():
+        raise ModelImportError(f"{out_dir} already exists; remove it or import under another name")
+    started = time.perf_counter()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        with _progress_bar(progress) as step:
+            step(f"reading {gguf_path.name}")
+            source_sha256 = file_sha256(gguf_path)
+            contents = read_gguf(gguf_path)
+            config = build_config(contents)
+            logger.info(
+                "importing %s: %s, %d layers, %d tensors, rope_theta=%s",
+                gguf_path, contents.architecture, config["num_hidden_layers"], len(contents.tensor_names),
+                config["rope_theta"],
+            )
+            advance = step("dequantizing tensors", total=len(contents.tensor_names))
+            tensors: dict[str, np.ndarray] = {}
+            for name, w in iter_hf_tensors(contents, config):
+                tensors[name] = w
+                advance(1)
+            embed = tensors["model.embed_tokens.weight"]
+            if embed.shape[0] != config["vocab_size"]:
+                logger.warning("vocab_size %d != embedding rows %d; using the rows", config["vocab_size"], embed.shape[0])
+                config["vocab_size"] = int(embed.shape[0])
+
+            step("writing model.safetensors")
+            from safetensors.numpy import save_file
+
+            num_params = sum(int(w.size) for w in tensors.values())
+            save_file(tensors, str(tmp_dir / "model.safetensors"), metadata={"format": "mlx"})
+            _fsync_path(tmp_dir / "model.safetensors")
+            del tensors
+
+            step("writing tokenizer")
+            tokenizer = build_tokenizer(contents.metadata)
+            tokenizer.save(str(tmp_dir / "tokenizer.json"))
+            _fsync_path(tmp_dir / "tokenizer.json")
+            tokenizer_config, special_map = build_tokenizer_config(contents.metadata)
+            _write_json(tmp_dir / "tokenizer_config.json", tokenizer_config)
+            _write_json(tmp_dir / "special_tokens_map.json", special_map)
+            _write_json(tmp_dir / "config.json", config)
+            generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+            _write_json(tmp_dir / "generation_config.json", generation)
+            _write_json(
+                tmp_dir / IMPORT_MARKER,
+                {
+                    "format_version": IMPORT_FORMAT_VERSION,
+                    "source": gguf_path.name,
+                    "source_sha256": source_sha256,
+                    "architecture": contents.architecture,
+                    "dtype": "float32",
+                    "num_params": num_params,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                },
+            )
+            # mkdtemp makes the folder 0700 (and safetensors files 0600); models are shared reads.
+            for child in tmp_dir.iterdir():
+                os.chmod(child, 0o644)
+            os.chmod(tmp_dir, 0o755)
+            _fsync_path(tmp_dir)
+            os.rename(tmp_dir, out_dir)
+            _fsync_path(out_dir.parent)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    logger.info("imported %s -> %s in %.1f s", gguf_path.name, out_dir, time.perf_counter() - started)
+    return out_dir

@@ -1,0 +1,463 @@
+"""The Anthropic Messages API against a real `omlx serve` process with the real SmolLM2.
+
+Through the official `anthropic` SDK (create, its stream helper, count_tokens, models) and raw
+HTTP where the wire matters (event order, pings, error bodies, recorded client requests).
+
+The server serves two models: SmolLM2 itself, and ``smollm2-chatml-tools``: the same weights with
+a Qwen3-shaped chat template (tests/fixtures/chat_templates) that renders tools, tool calls, tool
+results and the ``enable_thinking`` switch. SmolLM2's own template knows none of these, so the
+second model is how these tests see the request mapping reach a template. An API key is
+configured, so every request here also passes the key check.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anthropic
+import httpx
+import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import Message, RawMessageStreamEvent
+from pydantic import TypeAdapter
+
+from tests.helpers import MODEL_ID, REPO, ServerProcess, default_model_dir
+
+KEY = "sk-omlx-anthropic-test"
+TOOLS_MODEL = "smollm2-chatml-tools"
+FIXTURES = REPO / "tests" / "fixtures"
+TEMPLATE = FIXTURES / "chat_templates" / "chatml_tools_thinking.jinja"
+# model ids the recorded clients ask for (Claude Code's defaults and sub-agents, the SDK examples)
+ALIASES = ["claude-opus-4-8", "claude-sonnet-4-5", "claude-sonnet-4-5-20250929", "claude-haiku-4-5-20251001",
+           "local-model", "local-small"]
+MAX_OUTPUT = 32  # per-model cap: recorded requests ask for 32000-64000 tokens
+AUTH = {"x-api-key": KEY}
+VERSION = {"anthropic-version": "2023-06-01"}
+EVENT = TypeAdapter(RawMessageStreamEvent)
+BASH = {"name": "Bash", "description": "Run a shell command",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+HI = [{"role": "user", "content": "say hi"}]
+# this SDK version has no sampling arguments on create(); the API still takes them
+GREEDY = {"temperature": 0}
+
+
+def make_tools_model(dest: Path) -> Path:
+    """SmolLM2's files (linked) with the tools/thinking template in tokenizer_config.json."""
+    src = default_model_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "tokenizer_config.json":
+            (dest / f.name).symlink_to(f)
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = TEMPLATE.read_text()
+    (dest / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def tools_model(tmp_path_factory) -> Path:
+    return make_tools_model(tmp_path_factory.mktemp("models") / TOOLS_MODEL)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tools_model):
+    cfg = tmp_path_factory.mktemp("cfg") / "config.toml"
+    cfg.write_text(f'[models."{MODEL_ID}"]\nmax_output_tokens = {MAX_OUTPUT}\n'
+                   f'[models."{TOOLS_MODEL}"]\nmax_output_tokens = {MAX_OUTPUT}\n')
+    args = ["-m", MODEL_ID, "-m", str(tools_model), "--api-key", KEY, "--config", str(cfg)]
+    for a in ALIASES:
+        args += ["--alias", f"{a}={MODEL_ID}"]
+    # a short keep-alive period, so pings show up in streams here (they may appear anywhere)
+    with ServerProcess(args, env={"OMLX_KEEPALIVE_S": "0.2"}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=300)
+
+
+def post(server, path: str, body=None, *, raw: str | None = None, headers: dict | None = None) -> httpx.Response:
+    h = {**AUTH, **VERSION, "content-type": "application/json", **(headers or {})}
+    content = raw if raw is not None else json.dumps(body)
+    return httpx.post(server.url + path, content=content, headers=h, timeout=300)
+
+
+def stream_events(server, body: dict, path: str = "/v1/messages?beta=true", headers: dict | None = None):
+    """The SSE events of a streamed request, as (event name, data) pairs."""
+    h = {**AUTH, **VERSION, **(headers or {})}
+    events, name = [], None
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, headers=h, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                assert name is not None, "a data line without an event line"
+                events.append((name, json.loads(line[6:])))
+                name = None
+    return events
+
+
+def check_stream(events) -> Message:
+    """Anthropic's order (message_start, blocks start/delta*/stop, message_delta, message_stop; pings
+    anywhere after message_start), every event valid for the SDK; returns the SDK's final Message."""
+    assert events and events[0][0] == "message_start"
+    names = [n for n, _ in events if n != "ping"]
+    assert names[-2:] == ["message_delta", "message_stop"], names
+    open_idx, next_idx = None, 0
+    for n, d in events:
+        assert d["type"] == n
+        if n == "content_block_start":
+            assert open_idx is None and d["index"] == next_idx
+            open_idx = next_idx
+        elif n == "content_block_delta":
+            assert d["index"] == open_idx
+        elif n == "content_block_stop":
+            assert d["index"] == open_idx
+            open_idx, next_idx = None, next_idx + 1
+    assert open_idx is None
+    snapshot, bufs = None, {}
+    for n, d in events:
+        if n != "ping":
+            snapshot = accumulate_event(event=EVENT.validate_python(d), current_snapshot=snapshot, json_bufs=bufs)
+    final = Message.model_validate(snapshot.model_dump())
+    assert final.stop_reason in ("end_turn", "max_tokens", "stop_sequence", "tool_use")
+    assert all(not (b.type == "text" and b.text == "") for b in final.content), "empty text block"
+    return final
+
+
+def text_of(msg: Message) -> str:
+    return "".join(b.text for b in msg.content if b.type == "text")
+
+
+# ---- the SDK -----------------------------------------------------------------------------------
+
+
+def test_create(client):
+    r = client.messages.create(model=MODEL_ID, max_tokens=16, messages=HI, extra_body=GREEDY)
+    assert r.id.startswith("msg_") and r.type == "message" and r.role == "assistant" and r.model == MODEL_ID
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text
+    assert r.stop_reason in ("end_turn", "max_tokens") and r.stop_sequence is None
+    assert r.usage.input_tokens + r.usage.cache_read_input_tokens > 0 and 0 < r.usage.output_tokens <= 16
+
+
+def test_stream_helper_equals_create(client):
+    kw = dict(model="claude-sonnet-4-5", max_tokens=24, extra_body=GREEDY,
+              messages=[{"role": "user", "content": "What is the capital of France?"}])
+    full = client.messages.create(**kw)
+    with client.messages.stream(**kw) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == text_of(final) == text_of(full)
+    assert final.stop_reason == full.stop_reason and final.usage.output_tokens == full.usage.output_tokens
+    assert final.model == "claude-sonnet-4-5"  # the name the client asked for
+
+
+def test_raw_stream_order_pings_and_cache_usage(server):
+    body = {"model": MODEL_ID, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": "Summarize: " + "the cat sat on the mat. " * 50}]}
+    events = stream_events(server, body)
+    check_stream(events)
+    assert "ping" in [n for n, _ in events]  # keep-alive during the prefill (keepalive_s = 0.2)
+    start_usage = events[0][1]["message"]["usage"]
+    delta_usage = [d for n, d in events if n == "message_delta"][0]["usage"]
+    assert set(delta_usage) >= {"input_tokens", "output_tokens", "cache_read_input_tokens"}
+    assert delta_usage["input_tokens"] + delta_usage["cache_read_input_tokens"] == start_usage["input_tokens"]
+    # the same prompt again: its full KV blocks come from the prefix cache
+    again = [d for n, d in stream_events(server, body) if n == "message_delta"][0]["usage"]
+    assert again["cache_read_input_tokens"] > 0
+    assert again["input_tokens"] + again["cache_read_input_tokens"] == start_usage["input_tokens"]
+
+
+def test_stop_sequences_and_stop_reason(client, server):
+    """The failure case 'anthropic-stop-sequences-and-stop-reason'."""
+    kw = dict(model=MODEL_ID, max_tokens=24, messages=[{"role": "user", "content": "What is the capital of France?"}])
+    base = text_of(client.messages.create(**kw, extra_body=GREEDY))
+    assert "Paris" in base
+    idx = base.index("Paris")
+    stop = base[idx + 1: idx + 4]  # "ari": spans tokens
+    r = client.messages.create(**kw, stop_sequences=[stop], extra_body=GREEDY)
+    assert text_of(r) == base[: idx + 1]
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+    events = stream_events(server, {**kw, **GREEDY, "stop_sequences": [stop]})
+    final = check_stream(events)
+    assert [d for n, d in events if n == "message_delta"][0]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
+    deltas = [d["delta"]["text"] for n, d in events if n == "content_block_delta"]
+    assert "".join(deltas) == base[: idx + 1] == text_of(final)
+    short = client.messages.create(**{**kw, "max_tokens": 2}, extra_body=GREEDY)
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 2
+
+
+def test_system_forms_and_mid_conversation_system_messages(client):
+    system = [{"type": "text", "text": "You are terse."},
+              {"type": "text", "text": "Answer in English.", "cache_control": {"type": "ephemeral"}}]
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Name a colour."},
+            {"role": "system", "content": "Reply with one word."}]  # last, as Claude Code sends it
+    r = client.messages.create(model=MODEL_ID, max_tokens=8, system=system, messages=msgs, metadata={"user_id": "u1"},
+                               extra_body={"top_p": 0.9, "top_k": 40, "temperature": 0.7,
+                                           "context_management": {"edits": []}, "unknown_field": 1})
+    assert r.stop_reason in ("end_turn", "max_tokens")
+
+
+@pytest.mark.parametrize("model", [MODEL_ID, TOOLS_MODEL])
+def test_tools_and_a_tool_result_turn(client, model):
+    turn1 = client.messages.create(model=model, max_tokens=16, extra_body=GREEDY, tools=[BASH], tool_choice={"type": "auto"},
+                                   messages=[{"role": "user", "content": "List the files here."}])
+    assert turn1.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    history = [
+        {"role": "user", "content": "List the files here."},
+        {"role": "assistant", "content": [{"type": "text", "text": "Listing."},
+                                          {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "a.txt\nb.txt",
+                                      "is_error": False, "cache_control": {"type": "ephemeral"}}]},
+    ]
+    with client.messages.stream(model=model, max_tokens=16, extra_body=GREEDY, tools=[BASH], messages=history) as s:
+        final = s.get_final_message()
+    assert final.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+def test_tool_mapping_reaches_the_chat_template(client, tools_model):
+    """tools, tool_use, tool_result and thinking blocks land in the template's own tool format, and
+    count_tokens counts exactly that prompt."""
+    from mlx_lm.utils import load_tokenizer
+
+    from omlx.api.anthropic import chat_input
+    from omlx.engine.chat import render_prompt
+
+    body = {"model": TOOLS_MODEL, "system": "Use tools.", "tools": [BASH], "messages": [
+        {"role": "user", "content": "List the files here."},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "I should run ls.", "signature": ""},
+                                          {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {"command": "ls -la"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "a.txt\nb.txt"}]},
+    ]}
+    ci = chat_input(body, None)
+    rendered = render_prompt(load_tokenizer(tools_model), ci.messages, tools=ci.tools, enable_thinking=ci.enable_thinking)
+    text = rendered.text
+    assert "<tools>\n" + json.dumps({"type": "function", "function": {
+        "name": "Bash", "description": BASH["description"], "parameters": BASH["input_schema"]}}) in text
+    assert '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls -la"}}\n</tool_call>' in text
+    assert "<tool_response>\na.txt\nb.txt\n</tool_response>" in text
+    assert "<think>\nI should run ls.\n</think>" in text
+    assert text.startswith("<|im_start|>system\nUse tools.\n\n# Tools")
+    n = client.messages.count_tokens(**body).input_tokens
+    assert n == len(rendered.token_ids)
+
+
+def test_count_tokens_matches_messages_and_edge_cases(client, server):
+    """The failure case 'anthropic-count-tokens-edge-cases'."""
+    body = {"model": "local-model", "system": "Be brief.", "tools": [{"name": "t", "input_schema": {"type": "object", "properties": {}}}],
+            "messages": [{"role": "user", "content": "hi"}]}
+    r = post(server, "/v1/messages/count_tokens?beta=true", body)
+    assert r.status_code == 200 and set(r.json()) == {"input_tokens"}
+    n = r.json()["input_tokens"]
+    assert client.messages.count_tokens(**body).input_tokens == n
+    m = client.messages.create(**body, max_tokens=4)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == n
+    for bad in ({"model": "local-model", "messages": []}, {"model": "local-model"}):
+        r = post(server, "/v1/messages/count_tokens", bad)
+        assert r.status_code == 400 and r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "invalid_request_error" and "messages" in r.json()["error"]["message"]
+    r = post(server, "/v1/messages/count_tokens", {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404
+    assert r.json() == {"type": "error", "error": {"type": "not_found_error", "message": "The model 'no-such-model' does not exist"}}
+
+
+def test_thinking_absent_means_off(client):
+    """The failure case 'anthropic-thinking-absent-means-off': absent/disabled render the template with
+    thinking off, enabled/adaptive with it on; no thinking blocks appear unless the model thinks."""
+    q = [{"role": "user", "content": "What is 2+2? One word."}]
+
+    def count(**kw):
+        return client.messages.count_tokens(model=TOOLS_MODEL, messages=q, **kw).input_tokens
+
+    off = count()
+    assert count(thinking={"type": "disabled"}) == off
+    on = count(thinking={"type": "enabled", "budget_tokens": 1024})
+    assert count(thinking={"type": "adaptive"}) == on
+    assert off > on  # the template's enable_thinking=false opens the reply with an empty think block
+    for model in (MODEL_ID, TOOLS_MODEL):
+        plain = client.messages.create(model=model, max_tokens=8, system="You are helpful.", messages=q)
+        assert all(b.type == "text" for b in plain.content)
+        thought = client.messages.create(model=model, max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024}, messages=q)
+        assert thought.stop_reason in ("end_turn", "max_tokens")
+    for thinking in ({"type": "enabled", "budget_tokens": 1000}, {"type": "enabled", "budget_tokens": 4096}):
+        with pytest.raises(anthropic.BadRequestError) as ei:
+            client.messages.create(model=MODEL_ID, max_tokens=4096, thinking=thinking, messages=q)
+        assert ei.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_thinking_blocks_come_back_with_any_signature(client):
+    for sig in ("", "bG9jYWwtc2lnbmF0dXJl"):
+        r = client.messages.create(model=MODEL_ID, max_tokens=8, thinking={"type": "adaptive"}, messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Greet back.", "signature": sig},
+                                              {"type": "text", "text": "Hello!"}]},
+            {"role": "user", "content": "Again"}])
+        assert r.stop_reason in ("end_turn", "max_tokens")
+
+
+# ---- errors and auth ---------------------------------------------------------------------------
+
+
+def test_unknown_model_is_404_not_found_error(client):
+    with pytest.raises(anthropic.NotFoundError) as ei:
+        client.messages.create(model="claude-nonexistent-1", max_tokens=4, messages=HI)
+    assert ei.value.status_code == 404
+    assert ei.value.body == {"type": "error", "error": {"type": "not_found_error",
+                                                        "message": "The model 'claude-nonexistent-1' does not exist"}}
+
+
+@pytest.mark.parametrize("raw", ['{"model": "local-model", "max_tokens": 16, "messages": [', "[]", "", "not json"])
+def test_malformed_json_is_400_in_anthropic_shape(server, raw):
+    """The failure case 'malformed-json-body-returns-500' (the /v1/messages part)."""
+    r = post(server, "/v1/messages", raw=raw)
+    assert r.status_code == 400
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("patch,word", [
+    ({"max_tokens": None}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": 1.5}, "temperature"),
+    ({"messages": "hi"}, "messages"),
+    ({"stop_sequences": "STOP"}, "stop_sequences"),
+    ({"stream": "yes"}, "stream"),
+    ({"tool_choice": {"type": "tool", "name": "Nope"}}, "tool_choice"),
+])
+def test_bad_fields_are_400_naming_the_field(server, patch, word):
+    body = {"model": MODEL_ID, "max_tokens": 4, "messages": HI, **patch}
+    r = post(server, "/v1/messages", {k: v for k, v in body.items() if v is not None})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and word in r.json()["error"]["message"]
+
+
+def test_prompt_too_long_says_so_in_claude_codes_words(server):
+    body = {"model": MODEL_ID, "max_tokens": 4, "messages": [{"role": "user", "content": "word " * 9000}]}
+    r = post(server, "/v1/messages", body)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("prompt is too long: ") and "> 8191 maximum" in r.json()["error"]["message"]
+
+
+def test_api_key_required_and_both_headers_work(server):
+    body = {"model": MODEL_ID, "max_tokens": 2, "messages": HI}
+    for headers in ({"x-api-key": ""}, {"x-api-key": "wrong"}, {"authorization": "Bearer wrong", "x-api-key": None}):
+        h = {"content-type": "application/json", **VERSION, **{k: v for k, v in headers.items() if v is not None}}
+        r = httpx.post(server.url + "/v1/messages", json=body, headers=h, timeout=60)
+        assert r.status_code == 401
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error"
+    bearer = httpx.post(server.url + "/v1/messages", json=body, timeout=120,
+                        headers={"authorization": f"Bearer {KEY}", **VERSION})
+    assert bearer.status_code == 200
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(model=MODEL_ID, max_tokens=2, messages=HI)
+    assert httpx.head(server.url + "/").status_code == 200  # Claude Code's preflight needs no key
+
+
+def test_unknown_anthropic_version_is_accepted(server):
+    r = post(server, "/v1/messages", {"model": MODEL_ID, "max_tokens": 2, "messages": HI},
+             headers={"anthropic-version": "2099-12-31", "anthropic-beta": "something-new-2099-01-01"})
+    assert r.status_code == 200 and r.json()["type"] == "message"
+
+
+def test_models_list_in_both_shapes(client, server):
+    page = client.models.list()
+    ids = [m.id for m in page.data]
+    assert ids[0] == MODEL_ID and TOOLS_MODEL in ids and set(ALIASES) <= set(ids)
+    assert all(m.type == "model" and m.display_name and m.created_at for m in page.data)
+    assert client.models.retrieve("claude-opus-4-8").id == "claude-opus-4-8"
+    raw = httpx.get(server.url + "/v1/models", headers=AUTH).json()  # no anthropic-version: OpenAI's shape
+    assert raw["object"] == "list" and {m["id"] for m in raw["data"]} == set(ids)
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+# ---- every request shape the real clients were seen to send --------------------------------------
+
+RECORDED = sorted(p.name for p in (FIXTURES / "client_requests").glob("*.json")
+                  if p.name.split("__")[0] in ("claude_code", "sdk_anthropic"))
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_recorded_client_request_is_accepted(server, name):
+    rec = json.loads((FIXTURES / "client_requests" / name).read_text())
+    headers = {k: v for k, v in rec["headers"].items() if k.lower() in ("anthropic-version", "anthropic-beta", "accept")}
+    headers.update({"authorization": f"Bearer {KEY}"} if "bearer" in rec["case"] else AUTH)
+    body, path, method = rec["body"], rec["path"], rec["method"]
+    if method == "HEAD":
+        assert httpx.head(server.url + path, headers=headers).status_code == 200
+        return
+    if method == "GET":
+        r = httpx.get(server.url + path, headers=headers)
+        assert r.status_code == 200
+        assert r.json()["data"][0]["type"] == "model" and r.json()["has_more"] is False
+        return
+    if path.startswith("/v1/messages/count_tokens"):
+        r = httpx.post(server.url + path, json=body, headers=headers, timeout=300)
+        assert r.status_code == 200, r.text
+        assert isinstance(r.json()["input_tokens"], int) and r.json()["input_tokens"] > 0
+        return
+    if body.get("stream"):
+        final = check_stream(stream_events(server, body, path=path, headers=headers))
+    else:
+        r = httpx.post(server.url + path, json=body, headers=headers, timeout=300)
+        assert r.status_code == 200, r.text
+        final = Message.model_validate(r.json())
+        assert r.json()["usage"]["cache_read_input_tokens"] >= 0
+    assert final.model == body["model"] and final.usage.output_tokens <= MAX_OUTPUT
+    assert final.stop_reason in ("end_turn", "max_tokens", "tool_use")
+
+
+# ---- context scaling ---------------------------------------------------------------------------
+
+
+def test_context_scaling_reports_scaled_counts(server):
+    """--context-scale-to 16384 on an 8192-token model: every reported count doubles, so a client that
+    assumes 16384 compacts where the model really ends."""
+    body = {"model": MODEL_ID, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Hello there"}]}
+    real = post(server, "/v1/messages/count_tokens", body).json()["input_tokens"]
+    with ServerProcess(["-m", MODEL_ID, "--context-scale-to", "16384", "--no-cache"]) as scaled:
+        h = {**VERSION, "content-type": "application/json"}
+        n = httpx.post(scaled.url + "/v1/messages/count_tokens", json=body, headers=h).json()["input_tokens"]
+        assert n == 2 * real
+        m = httpx.post(scaled.url + "/v1/messages", json=body, headers=h, timeout=300).json()
+        plain = post(server, "/v1/messages", body).json()
+        assert m["usage"]["input_tokens"] == 2 * real and m["usage"]["output_tokens"] == 2 * plain["usage"]["output_tokens"]
+        big = {**body, "messages": [{"role": "user", "content": "word " * 9000}]}
+        err = httpx.post(scaled.url + "/v1/messages", json=big, headers=h).json()["error"]["message"]
+        assert err.startswith("prompt is too long: ") and err.endswith("> 16382 maximum")
+
+
+# ---- a failure after the stream started (keep last: it unloads the tools model) -------------------
+
+
+def test_midstream_failure_is_an_error_event(server):
+    """The failure case 'anthropic-midstream-error-event': the model is unloaded while a stream runs."""
+    body = {"model": TOOLS_MODEL, "max_tokens": 512, "stream": True,
+            "messages": [{"role": "user", "content": "Write a long poem. " + "Roses and violets. " * 60}]}
+    h = {**AUTH, **VERSION}
+    events, name = [], None
+    with httpx.stream("POST", server.url + "/v1/messages", json=body, headers=h, timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line[6:])))
+                if name == "message_start":  # the prompt is being prefilled now: pull the model away
+                    u = httpx.post(f"{server.url}/v1/models/{TOOLS_MODEL}/unload", json={"drain_s": 0}, headers=h, timeout=120)
+                    assert u.status_code == 200, u.text
+            else:
+                assert not line.startswith("data:"), line
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names[-1] == "error" and "message_stop" not in names, names
+    err = events[-1][1]
+    assert err["type"] == "error" and err["error"]["type"] == "api_error" and "unloaded" in err["error"]["message"]
+    # the server stays healthy and loads the model again on the next request
+    assert post(server, "/v1/messages/count_tokens", {"model": TOOLS_MODEL, "messages": HI}).status_code == 200

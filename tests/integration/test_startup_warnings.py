@@ -1,0 +1,30 @@
+"""No silent slow paths: a real `omlx serve` reports native kernels in /health, and a kernel
+forced off (``OMLX_DISABLE_KERNELS``) gives a warning in the log and in /health."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.helpers import ServerProcess
+
+
+def test_forced_missing_kernel_is_warned_in_log_and_health(tmp_path):
+    with ServerProcess(base_path=tmp_path / "home", env={"OMLX_DISABLE_KERNELS": "kv_gather"}) as s:
+        body = httpx.get(s.url + "/health", timeout=10).json()
+        log = s.log()
+    kernels = body["kernels"]
+    assert kernels["kv_gather"]["path"] == "reference"
+    assert "disabled by configuration" in kernels["kv_gather"]["reason"]
+    lines = [m for m in body["slow_paths"] if "kv_gather" in m]
+    assert lines and "OMLX_DISABLE_KERNELS" in lines[0], body["slow_paths"]
+    assert "SLOW PATH" in log and "native kernel kv_gather" in log, log[-3000:]
+
+
+def test_health_reports_kernels_without_warning_by_default(server):
+    body = httpx.get(server.url + "/health", timeout=10).json()
+    k = body["kernels"]["kv_gather"]
+    assert set(k) >= {"available", "path", "backend", "reason", "slow", "warning", "fix", "native_build"}
+    # On this CPU machine the reference path is the fast path: nothing to warn about.
+    if k["backend"] == "cpu":
+        assert (k["path"], k["slow"], k["warning"]) == ("reference", False, "")
+        assert not any("kv_gather" in m for m in body["slow_paths"])

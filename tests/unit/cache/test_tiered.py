@@ -1,0 +1,282 @@
+"""Hot <-> cold policy without a model: write-back on eviction, write-through (new blocks, hot
+hits), restore on lookup after a restart, the restore cost rule, bad files mid-chain, flush on
+close, and the failure case `ssd-cache-key-misses-kv-quant-setting` (a changed KV format,
+dtype or weights is a miss, never concatenated)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omlx.cache.blockfile import HostBlock, block_path
+from omlx.cache.hashing import Namespace, hash_block, make_kv_format
+from omlx.cache.paged import BlockPool
+from omlx.cache.ssd import SSDStore
+from omlx.cache.tiered import RestoreCostModel, TieredCache, TierPolicy
+
+BS = 4
+KV = make_kv_format("bfloat16", None, None, "KVCache")
+NS = Namespace("model-a", "tok-a", KV, 0, 2)
+BLOCK_BYTES = 2 * 2 * (1 * 2 * BS * 8) * 2  # layers x (k, v) x elements x 2 bytes
+
+
+class HostCodec:
+    """Payloads are HostBlocks already; from_host copies so restored payloads are fresh objects."""
+
+    def to_host(self, payload: object) -> HostBlock:
+        assert isinstance(payload, HostBlock)
+        return payload
+
+    def from_host(self, host: HostBlock) -> tuple[object, int]:
+        copy = HostBlock(host.dtype, tuple((k.copy(), v.copy()) for k, v in host.layers))
+        return copy, copy.num_bytes
+
+
+def kv_for(tokens: list[int]) -> HostBlock:
+    """Deterministic fake KV: position t of the sequence holds its token id (+ layer, k/v)."""
+    t = np.array(tokens, dtype=np.uint16)
+
+    def arr(offset: int) -> np.ndarray:
+        return np.ascontiguousarray(np.broadcast_to((t + offset)[None, None, :, None], (1, 2, len(t), 8)))
+
+    return HostBlock("bfloat16", tuple((arr(100 * layer), arr(100 * layer + 50)) for layer in range(2)))
+
+
+def make_payload(tokens: list[int]):
+    def payload(a: int, b: int) -> tuple[object, int]:
+        p = kv_for(tokens[a:b])
+        return p, p.num_bytes
+    return payload
+
+
+def tiers_for(root: Path, *, ns: Namespace = NS, pool_bytes: int = 10**6, policy: TierPolicy | None = None,
+              cost: RestoreCostModel | None = None, disk_bytes: int = 10**9) -> TieredCache:
+    store = SSDStore(root, ns, dtype="bfloat16", max_bytes=disk_bytes)
+    pool = BlockPool(max_bytes=pool_bytes, block_size=BS)
+    # Reads always win unless a test says otherwise.
+    cost = cost or RestoreCostModel(prefill_tokens_per_s=1.0, read_bytes_per_s=1e9)
+    return TieredCache(pool, ns, HostCodec(), store, policy or TierPolicy(), cost)
+
+
+def run(tiers: TieredCache, tokens: list[int]) -> None:
+    """A request that finished with these tokens: look up, store, release."""
+    hit = tiers.acquire(tokens)
+    tiers.store_sequence(tokens, len(tokens), make_payload(tokens))
+    tiers.release(hit)
+
+
+def hashes(tokens: list[int], ns: Namespace = NS) -> list[bytes]:
+    out, parent = [], ns.key()
+    for i in range(0, len(tokens) - BS + 1, BS):
+        parent = hash_block(parent, tokens[i : i + BS])
+        out.append(parent)
+    return out
+
+
+def cached_kv(hit) -> np.ndarray:
+    """Layer 0 keys of the hit, concatenated along the token axis (what the engine would see)."""
+    parts = [p.layers[0][0][:, :, :n] for p, n in hit.parts]
+    return np.concatenate(parts, axis=2)
+
+
+SEQ = list(range(1, 15))  # 3 full blocks + a tail of 2
+
+
+def test_new_full_blocks_are_written_through_at_registration(tmp_path: Path):
+    tiers = tiers_for(tmp_path)
+    run(tiers, SEQ)
+    assert tiers.flush(10)
+    assert [tiers.store.contains(h) for h in hashes(SEQ)] == [True, True, True]
+    assert tiers.store.stats().num_files == 3  # the tail never goes to disk
+
+
+def test_write_back_on_eviction(tmp_path: Path):
+    policy = TierPolicy(write_new_blocks=False, write_through_hits=0)
+    tiers = tiers_for(tmp_path, pool_bytes=3 * BLOCK_BYTES, policy=policy)
+    run(tiers, SEQ[:12])
+    assert tiers.flush(10) and tiers.store.stats().num_files == 0
+    run(tiers, [90 + i for i in range(12)])  # evicts the first chain, leaf first
+    assert tiers.flush(10)
+    assert all(tiers.store.contains(h) for h in hashes(SEQ[:12]))
+    assert tiers.pool.stats().num_evictions == 3
+
+
+def test_write_through_after_n_hits(tmp_path: Path):
+    policy = TierPolicy(write_new_blocks=False, write_through_hits=2)
+    tiers = tiers_for(tmp_path, policy=policy)
+    run(tiers, SEQ)
+    tiers.release(tiers.acquire(SEQ))  # hit once
+    assert tiers.flush(10) and tiers.store.stats().num_files == 0
+    tiers.release(tiers.acquire(SEQ))  # hit twice
+    assert tiers.flush(10) and tiers.store.stats().num_files == 3
+
+
+def test_restore_after_restart_is_exact_and_goes_back_to_the_hot_tier(tmp_path: Path):
+    first = tiers_for(tmp_path)
+    run(first, SEQ)
+    assert first.close(10)
+    second = tiers_for(tmp_path)  # a restart: empty RAM, index rebuilt from disk
+    query = SEQ[:12] + [77, 78]
+    hit = second.acquire(query)
+    assert hit.num_cached_tokens == 12 and hit.num_cached_tokens_cold == 12
+    expected = kv_for(SEQ[:12]).layers[0][0]
+    assert np.array_equal(cached_kv(hit), expected)
+    second.release(hit)
+    assert second.pool.stats().num_full_blocks == 3
+    again = second.acquire(query)
+    assert again.num_cached_tokens == 12 and again.num_cached_tokens_cold == 0
+    second.release(again)
+    stats = second.cold_stats()
+    assert stats["num_hits"] == 1 and stats["num_hit_tokens"] == 12 and stats["num_restored_blocks"] == 3
+
+
+def test_last_block_of_the_prompt_is_restored_and_used_in_part(tmp_path: Path):
+    first = tiers_for(tmp_path)
+    run(first, SEQ)
+    first.close(10)
+    second = tiers_for(tmp_path)
+    hit = second.acquire(SEQ[:12])  # exactly 3 blocks: the model must still run the last token
+    assert hit.num_cached_tokens == 11 and hit.num_cached_tokens_cold == 11
+    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:11]).layers[0][0])
+    second.release(hit)
+
+
+def test_restore_is_skipped_when_recompute_is_cheaper(tmp_path: Path):
+    first = tiers_for(tmp_path)
+    run(first, SEQ)
+    first.close(10)
+    slow_disk = RestoreCostModel(prefill_tokens_per_s=1e6, read_bytes_per_s=1.0)
+    second = tiers_for(tmp_path, cost=slow_disk)
+    hit = second.acquire(SEQ)
+    assert hit.num_cached_tokens == 0
+    assert second.cold_stats()["num_restores_skipped"] == 1
+    second.release(hit)
+
+
+def test_cost_model_rule_and_measurements():
+    cost = RestoreCostModel(prefill_tokens_per_s=1000.0, read_bytes_per_s=None, policy=TierPolicy(assumed_read_bytes_per_s=1e6))
+    d = cost.decide(num_bytes=500_000, num_tokens=1000)  # 0.5 s read vs 1 s prefill
+    assert d.restore and d.est_restore_s == pytest.approx(0.5) and d.est_prefill_s == pytest.approx(1.0)
+    assert not cost.decide(num_bytes=2_000_000, num_tokens=1000).restore
+    assert not cost.read_measured
+    cost.observe_read(4_000_000, 1.0)  # first measurement replaces the assumption
+    assert cost.read_bytes_per_s == pytest.approx(4e6) and cost.read_measured
+    cost.observe_read(1_000_000, 1.0)
+    assert cost.read_bytes_per_s == pytest.approx(0.7 * 4e6 + 0.3 * 1e6)
+    assert not cost.decide(0, 0).restore
+
+
+def test_bad_file_mid_chain_stops_the_restore_and_is_counted(tmp_path: Path):
+    first = tiers_for(tmp_path)
+    run(first, SEQ)
+    first.close(10)
+    path = block_path(tmp_path, NS, hashes(SEQ)[1])
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    second = tiers_for(tmp_path)
+    hit = second.acquire(SEQ)
+    assert hit.num_cached_tokens == 4 and hit.num_cached_tokens_cold == 4  # block 0 only
+    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:4]).layers[0][0])
+    second.release(hit)
+    stats = second.cold_stats()
+    assert stats["num_bad_files"] == 1 and stats["num_restore_failures"] == 1 and not path.exists()
+
+
+def test_cold_blocks_supersede_a_shorter_hot_partial(tmp_path: Path):
+    first = tiers_for(tmp_path)
+    run(first, SEQ)
+    first.close(10)
+    second = tiers_for(tmp_path, policy=TierPolicy(write_new_blocks=False))
+    second.pool.release([second.pool.register(NS, None, SEQ[:4], kv_for(SEQ[:4]), BLOCK_BYTES)])
+    tail = second.pool.register_tail(NS, hashes(SEQ)[0], SEQ[4:6], kv_for(SEQ[4:6]), BLOCK_BYTES // 2)
+    second.pool.release([tail])
+    hit = second.acquire(SEQ)
+    assert hit.num_cached_tokens == 12 and hit.num_cached_tokens_cold == 8
+    assert tail.ref_count == 0  # the hot partial was released, not leaked
+    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:12]).layers[0][0])
+    second.release(hit)
+    assert all(b.ref_count == 0 for b in second.pool.blocks())
+
+
+def test_restored_blocks_beyond_the_hot_budget_are_still_used(tmp_path: Path):
+    first = tiers_for(tmp_path)
+    run(first, SEQ)
+    first.close(10)
+    second = tiers_for(tmp_path, pool_bytes=BLOCK_BYTES)
+    hit = second.acquire(SEQ)
+    assert hit.num_cached_tokens == 12 and hit.num_cached_tokens_cold == 12
+    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:12]).layers[0][0])
+    assert second.pool.num_bytes <= BLOCK_BYTES
+    second.release(hit)
+
+
+def test_close_writes_back_every_hot_block(tmp_path: Path):
+    tiers = tiers_for(tmp_path, policy=TierPolicy(write_new_blocks=False, write_through_hits=0))
+    run(tiers, SEQ)
+    run(tiers, [50 + i for i in range(8)])
+    assert tiers.store.stats().num_files == 0
+    assert tiers.close(10)
+    assert SSDStore(tmp_path, NS, dtype="bfloat16", max_bytes=10**9).stats().num_files == 5
+
+
+def test_a_block_still_in_the_write_queue_is_restored_from_memory(tmp_path: Path):
+    policy = TierPolicy(write_new_blocks=False, write_through_hits=0)
+    tiers = tiers_for(tmp_path, pool_bytes=3 * BLOCK_BYTES, policy=policy)
+    gate = threading.Event()
+    real = tiers.store._write
+    tiers.store._write = lambda job: (gate.wait(10), real(job))  # type: ignore[method-assign]
+    try:
+        run(tiers, SEQ[:12])
+        run(tiers, [90 + i for i in range(12)])  # evicts SEQ's blocks into the (stalled) queue
+        hit = tiers.acquire(SEQ)
+        assert hit.num_cached_tokens_cold == 12
+        assert np.array_equal(cached_kv(hit), kv_for(SEQ[:12]).layers[0][0])
+        tiers.release(hit)
+    finally:
+        gate.set()
+    assert tiers.flush(10)
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        Namespace("model-a", "tok-a", make_kv_format("bfloat16", 6, 64, "QuantizedKVCache"), 0, 2),
+        Namespace("model-a", "tok-a", make_kv_format("float16", None, None, "KVCache"), 0, 2),
+        Namespace("model-a-new-weights", "tok-a", KV, 0, 2),
+        Namespace("model-a", "tok-a-new-template", KV, 0, 2),
+        Namespace("model-a", "tok-a", KV, 0, 1),
+    ],
+    ids=["kv-bits", "dtype", "weights", "chat-template", "layers"],
+)
+def test_changed_kv_format_or_weights_is_a_miss_never_concatenated(tmp_path: Path, changed: Namespace):
+    """Failure case ssd-cache-key-misses-kv-quant-setting: the key covers everything that changes
+    KV layout or values; incompatible blocks are misses, never loaded."""
+    before = Namespace("model-a", "tok-a", make_kv_format("bfloat16", 4, 64, "QuantizedKVCache"), 0, 2) \
+        if "Quantized" in changed.kv_format else NS
+    first = tiers_for(tmp_path, ns=before)
+    run(first, SEQ)
+    first.close(10)
+    assert changed.digest() != before.digest()
+    store = SSDStore(tmp_path, changed, dtype="bfloat16", max_bytes=10**9)
+    pool = BlockPool(max_bytes=10**6, block_size=BS)
+    second = TieredCache(pool, changed, HostCodec(), store, TierPolicy(), RestoreCostModel(1.0, 1e9))
+    hit = second.acquire(SEQ)
+    assert hit.num_cached_tokens == 0 and hit.parts == []
+    second.release(hit)
+    assert store.stats().num_files == 0 and store.stats().num_reads == 0
+    # The old namespace's files are untouched (another server may still use them).
+    assert SSDStore(tmp_path, before, dtype="bfloat16", max_bytes=10**9).stats().num_files == 3
+
+
+def test_without_a_store_the_cache_is_ram_only(tmp_path: Path):
+    pool = BlockPool(max_bytes=10**6, block_size=BS)
+    tiers = TieredCache(pool, NS, HostCodec(), None)
+    run(tiers, SEQ)
+    hit = tiers.acquire(SEQ)
+    assert hit.num_cached_tokens == 13 and hit.num_cached_tokens_cold == 0
+    tiers.release(hit)
+    assert tiers.cold_stats() is None and tiers.close() and pool.on_evict is None

@@ -1,0 +1,64 @@
+"""`omlx cache stats|clear|verify` on a cache folder written by SSDStore (CliRunner, no model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from omlx.cache.blockfile import HostBlock, block_path
+from omlx.cache.hashing import Namespace, hash_block, make_kv_format
+from omlx.cache.ssd import SSDStore
+from omlx.cli.main import app
+
+runner = CliRunner()
+KV = make_kv_format("float32", None, None, "KVCache")
+NS_A = Namespace("model-a", "tok", KV, 0, 1)
+NS_B = Namespace("model-b", "tok", KV, 0, 1)
+
+
+def fill(base: Path, ns: Namespace, model_id: str, num_blocks: int) -> list[bytes]:
+    store = SSDStore(base / "cache", ns, dtype="float32", max_bytes=10**9, model_id=model_id)
+    parent, out = ns.key(), []
+    for i in range(num_blocks):
+        tokens = [i, i + 1]
+        h = hash_block(parent, tokens)
+        arr = np.full((1, 1, 2, 4), i, dtype=np.float32)
+        store.put(h, parent, tokens, HostBlock("float32", ((arr, arr),)))
+        parent = h
+        out.append(h)
+    assert store.flush(10)
+    return out
+
+
+def test_stats_verify_and_clear(tmp_path: Path):
+    fill(tmp_path, NS_A, "model-a", 3)
+    hashes_b = fill(tmp_path, NS_B, "model-b", 2)
+
+    r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["num_files"] == 5
+    assert {n["model_id"]: n["num_files"] for n in doc["namespaces"]} == {"model-a": 3, "model-b": 2}
+    r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path)])
+    assert r.exit_code == 0 and "5 block files" in r.output and "model-b" in r.output
+
+    bad = block_path(tmp_path / "cache", NS_B, hashes_b[1])
+    data = bytearray(bad.read_bytes())
+    data[-1] ^= 0x80
+    bad.write_bytes(bytes(data))
+    r = runner.invoke(app, ["cache", "verify", "--base-path", str(tmp_path), "--dry-run"])
+    assert r.exit_code == 1 and "1 bad" in r.output and bad.exists()
+    r = runner.invoke(app, ["cache", "verify", "--base-path", str(tmp_path)])
+    assert r.exit_code == 1 and "1 removed" in r.output and not bad.exists()
+    r = runner.invoke(app, ["cache", "verify", "--base-path", str(tmp_path)])
+    assert r.exit_code == 0 and "4 ok, 0 bad" in r.output
+
+    r = runner.invoke(app, ["cache", "clear", "--model", "model-b", "--base-path", str(tmp_path)])
+    assert r.exit_code == 0 and "removed 1 block files" in r.output
+    r = runner.invoke(app, ["cache", "clear", "--ssd-cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 0 and "removed 3 block files" in r.output
+    r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path)])
+    assert "empty" in r.output
