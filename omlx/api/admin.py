@@ -77,7 +77,7 @@ def _requested_model(http: HttpRequest) -> str | None:
         return None
     try:
         body = json.loads(http.body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None  # the route reports the bad body in its own words
     model = body.get("model") if isinstance(body, dict) else None
     return model if isinstance(model, str) and model else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from urllib.parse import unquote
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,6 +216,7 @@ async def list_models(http: HttpRequest):
 
 @bp.get("/models/<model_id:path>")
 async def get_model(http: HttpRequest, model_id: str):
+    model_id = unquote(model_id)  # SDKs percent-encode ids such as "org/model"
     http.app.ctx.pool.resolve_id(model_id)
     if anthropic_routes.wants_anthropic_shape(http):
         return json_response(anthropic_routes.model_json(model_id, http.app.ctx.started_at))

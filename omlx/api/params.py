@@ -30,6 +30,14 @@ def parse_json_object(body: bytes | None, max_bytes: int | None = None) -> dict[
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidRequestError(f"request body is not valid JSON: {e}") from e
+    except RecursionError:
+        raise InvalidRequestError("request body nests JSON too deeply") from None
+    try:  # JSON may carry lone UTF-16 surrogates ("\\ud800"), which are not text
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError("request body contains an unpaired Unicode surrogate (\\ud800-\\udfff), which is not valid text") from None
+    except RecursionError:
+        raise InvalidRequestError("request body nests JSON too deeply") from None
     if not isinstance(data, dict):
         raise InvalidRequestError(f"request body must be a JSON object, not {type(data).__name__}")
     return data

@@ -45,7 +45,8 @@ def make_sampler(params: SamplingParams) -> Sampler:
     if params.top_k > 0:
         filters.append(lambda x: apply_top_k(x, params.top_k))
     temp = params.temperature
-    key = [mx.random.key(params.seed)] if params.seed is not None else None
+    # OpenAI seeds are any integer; MLX keys take 0..2**64-1, so fold the seed into that range.
+    key = [mx.random.key(params.seed % 2**64)] if params.seed is not None else None
 
     def sampler(logprobs: mx.array) -> mx.array:
         for f in filters:

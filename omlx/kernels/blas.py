@@ -64,7 +64,8 @@ def detect_blas() -> BlasStatus:
         return BlasStatus("accelerate", None, True, "")
     libs = _loaded_libraries()
     for lib in libs:
-        if "openblas" in os.path.basename(lib):
+        # numpy's bundled scipy-openblas exports suffixed (64_) symbols: it never serves MLX.
+        if "openblas" in os.path.basename(lib) and "numpy.libs" not in lib and "scipy_openblas" not in lib:
             return BlasStatus("openblas", lib, True, "")
     for lib in libs:
         base = os.path.basename(lib)

@@ -261,3 +261,29 @@ def test_mixed_sampling_batch_survives(client):
         assert results[name].choices[0].finish_reason in ("stop", "length")
     r = client.chat.completions.create(model=MODEL_ID, messages=CHAT, temperature=0, max_tokens=8)
     assert r.choices[0].message.content
+
+
+@pytest.mark.parametrize("raw", [
+    '{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 4}' % MODEL_ID,
+    '{"model": "x", "messages": ' + "[" * 100000 + "]" * 100000 + "}",
+])
+def test_invalid_text_and_deep_nesting_are_400(server, raw):
+    r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("seed", [-5, 2**80])
+def test_any_integer_seed_is_accepted(client, seed):
+    r = client.chat.completions.create(model=MODEL_ID, messages=CHAT, temperature=1.0, max_tokens=4, seed=seed)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_model_retrieve_percent_encoded_id(server):
+    r = httpx.get(server.url + "/v1/models/SmolLM2-135M%2DInstruct")
+    assert r.status_code == 200 and r.json()["id"] == MODEL_ID
+
+
+def test_health_names_the_blas_that_serves_mlx(server):
+    blas = httpx.get(server.url + "/health").json()["blas"]
+    assert "numpy.libs" not in (blas["path"] or "")

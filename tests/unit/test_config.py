@@ -38,3 +38,4 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, text: str):
     f.write_text(text)
     with pytest.raises(InvalidRequestError):
         load_config({}, {}, f)
+
