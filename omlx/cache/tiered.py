@@ -242,18 +242,23 @@ class TieredCache:
 
     # ---- lookup ----------------------------------------------------------------------
 
-    def acquire(self, token_ids: Sequence[int]) -> TieredHit:
+    def acquire(self, token_ids: Sequence[int], *, whole: bool = False) -> TieredHit:
         """Find and hold the longest cached prefix of ``token_ids`` (at most ``len - 1``).
 
         Hot blocks first; then the chain continues on disk and is restored into the hot tier
         when the cost model says it is cheaper than prefilling. Blocks restored but not fitting
         the hot budget are still used for this request (unregistered).
 
+        Args:
+            token_ids: the request's prompt.
+            whole: allow the hit to cover every token (the caller holds the logits of the
+                last position, so the model need not run on any prompt token).
+
         Returns:
             The hit; release it with :meth:`release`.
         """
         bs = self.block_size
-        limit = max(0, len(token_ids) - 1)
+        limit = len(token_ids) if whole else max(0, len(token_ids) - 1)
         hit = self.pool.lookup(token_ids, self.namespace, max_cached_tokens=limit)
         self.pool.acquire(hit.all_blocks)
         out = TieredHit(parts=[(b.payload, bs) for b in hit.blocks], held=list(hit.blocks))

@@ -53,7 +53,13 @@ class PrefixLease(Protocol):
 class PrefixCache(Protocol):
     """The engine's view of the KV cache tiers (implemented in omlx.engine.kv_cache)."""
 
-    def acquire(self, token_ids: list[int]) -> PrefixLease: ...
+    def acquire(self, token_ids: list[int], *, whole: bool = False, materialize: bool = True) -> PrefixLease: ...
+
+    def materialize(self, lease: PrefixLease) -> None: ...
+
+    def next_logprobs(self, token_ids: list[int]) -> Any | None: ...
+
+    def put_next_logprobs(self, token_ids: list[int], logprobs: Any) -> None: ...
 
     def store(self, lease: PrefixLease, prompt_cache: list[Any], token_ids: list[int]) -> None: ...
 
@@ -72,6 +78,9 @@ class _Running:
     num_generated: int = 0
     first_token_s: float | None = None
     start_s: float = field(default_factory=time.monotonic)
+    # Log-probabilities of the first output token when no processor changed them: kept with
+    # the prompt's KV so a repeat of the prompt samples its first token without a forward pass.
+    first_logprobs: Any = None
 
 
 def split_segments(token_ids: list[int], start: int, block_size: int) -> list[list[int]]:
@@ -125,6 +134,7 @@ class Engine:
         self.block_size = block_size
         self.prefill_step_size = prefill_step_size
         self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
+        self._eos = frozenset(tokenizer.eos_token_ids)
         self._sinks: dict[str, Sink] = {}
         self._aborts: queue.SimpleQueue[tuple[str, Exception | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -314,25 +324,33 @@ class Engine:
 
     def _insert(self, req: Request, sink: Sink) -> None:
         tokens = req.prompt_token_ids
-        lease = self.prefix_cache.acquire(tokens) if self.prefix_cache is not None else None
-        num_cached = lease.num_cached_tokens if lease is not None else 0
-        caches = [lease.caches] if lease is not None and lease.caches is not None else None
         p = req.sampling
+        sampler, processors = make_sampler(p), make_processors(p)
+        pc = self.prefix_cache
+        first = pc.next_logprobs(tokens) if pc is not None and not processors else None
+        lease = pc.acquire(tokens, whole=first is not None, materialize=False) if pc is not None else None
         try:
+            if lease is not None and first is not None and lease.num_cached_tokens == len(tokens):
+                self._start_whole_hit(req, sink, lease, first, sampler)
+                return
+            if lease is not None:
+                pc.materialize(lease)  # type: ignore[union-attr]
+            num_cached = lease.num_cached_tokens if lease is not None else 0
+            caches = [lease.caches] if lease is not None and lease.caches is not None else None
             (uid,) = self._gen.insert_segments(
                 [split_segments(tokens, num_cached, self.block_size)],
                 max_tokens=[p.max_tokens],
                 caches=caches,
                 all_tokens=[list(tokens[:num_cached])] if caches else None,
-                samplers=[make_sampler(p)],
-                logits_processors=[make_processors(p)],
+                samplers=[sampler],
+                logits_processors=[processors],
                 stop_sequences=[self._stop_sequences],
             )
         except Exception:
-            if lease is not None:
-                self.prefix_cache.release(lease)
+            if lease is not None and not lease.released:  # type: ignore[attr-defined]
+                pc.release(lease)  # type: ignore[union-attr]
             raise
-        st = _Running(
+        self._track(_Running(
             request=req,
             sink=sink,
             uid=uid,
@@ -340,9 +358,50 @@ class Engine:
             lease=lease,
             num_cached_tokens=num_cached,
             num_cached_tokens_cold=lease.num_cached_tokens_cold if lease is not None else 0,
+        ))
+
+    def _track(self, st: _Running) -> None:
+        self._by_uid[st.uid] = st
+        self._by_rid[st.request.request_id] = st
+
+    def _start_whole_hit(self, req: Request, sink: Sink, lease: PrefixLease, first: Any, sampler: Any) -> None:
+        """Start a request whose whole prompt is cached with its last position's log-probabilities.
+
+        The first token is drawn by the request's own sampler from the stored array (the same
+        input a run without cache gives it), emitted, and only then is the KV materialized and
+        the request continued in the batch from that token; a request that ends at its first
+        token never touches the KV at all.
+        """
+        p = req.sampling
+        st = _Running(request=req, sink=sink, uid=-1, output=OutputState(self.tokenizer.detokenizer, p.stop),
+                      lease=lease, num_cached_tokens=lease.num_cached_tokens,
+                      num_cached_tokens_cold=lease.num_cached_tokens_cold)
+        token = int(sampler(first[None])[0].item())
+        st.first_token_s = time.monotonic()
+        is_eos = token in self._eos
+        if not is_eos:
+            st.num_generated = 1
+            lp = self._logprob(st, token, first) if p.logprobs else None
+            text = st.output.add(token, lp)
+            if text:
+                ids, lps = st.output.take_tokens()
+                sink(TextDelta(text, ids, lps if p.logprobs else None))
+        if is_eos or st.output.matched_stop is not None or p.max_tokens <= 1:
+            self._by_rid[req.request_id] = st
+            self._finish(st, "stop" if is_eos or st.output.matched_stop is not None else "length",
+                         remove=False, prompt_cache=None, all_tokens=None)
+            return
+        self.prefix_cache.materialize(lease)  # type: ignore[union-attr]
+        (st.uid,) = self._gen.insert_segments(
+            [[[token]]],
+            max_tokens=[p.max_tokens - 1],
+            caches=[lease.caches],
+            all_tokens=[list(req.prompt_token_ids)],
+            samplers=[sampler],
+            logits_processors=[[]],
+            stop_sequences=[self._stop_sequences],
         )
-        self._by_uid[uid] = st
-        self._by_rid[req.request_id] = st
+        self._track(st)
 
     def _logprob(self, st: _Running, token: int, logprobs: mx.array) -> TokenLogprob:
         k = st.request.sampling.top_logprobs
@@ -368,6 +427,8 @@ class Engine:
         now = time.monotonic()
         if st.first_token_s is None:
             st.first_token_s = now
+            if not st.request.sampling.needs_processors and self.prefix_cache is not None:
+                st.first_logprobs = r.logprobs
         is_eos = r.finish_reason == "stop"
         if not is_eos:
             st.num_generated += 1
@@ -419,6 +480,8 @@ class Engine:
             try:
                 if prompt_cache is not None and all_tokens is not None:
                     self.prefix_cache.store(lease, prompt_cache, list(all_tokens))
+                    if st.first_logprobs is not None:
+                        self.prefix_cache.put_next_logprobs(list(st.request.prompt_token_ids), st.first_logprobs)
             except Exception:
                 logger.exception("could not store KV blocks of %s", st.request.request_id)
         status = RequestStatus.ABORTED if reason == "abort" else RequestStatus.FINISHED

@@ -20,6 +20,7 @@ import logging
 import sys
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,11 @@ class PrefixCacheTiers:
 
     tiers: TieredCache
     num_layers: int
+    max_logprobs_bytes: int = 64 * 2**20
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _next_logprobs: OrderedDict[bytes, mx.array] = field(default_factory=OrderedDict)
+    _num_logprobs_bytes: int = 0
+    num_whole_hits: int = 0
 
     @property
     def pool(self) -> BlockPool:
@@ -202,18 +207,73 @@ class PrefixCacheTiers:
     def block_size(self) -> int:
         return self.tiers.block_size
 
-    def acquire(self, token_ids: list[int]) -> Lease:
-        """Look up and hold the longest cached prefix of ``token_ids`` (at most len - 1 tokens),
-        restoring blocks from disk when that is cheaper than prefilling them."""
+    def acquire(self, token_ids: list[int], *, whole: bool = False, materialize: bool = True) -> Lease:
+        """Look up and hold the longest cached prefix of ``token_ids``, restoring blocks from disk
+        when that is cheaper than prefilling them.
+
+        Args:
+            token_ids: the prompt.
+            whole: the caller holds the last position's log-probabilities (`next_logprobs`), so
+                the hit may cover every prompt token; otherwise at most ``len - 1``.
+            materialize: build ``lease.caches`` now; with False, call `materialize` later (a
+                whole hit emits its first token before paying for the copy).
+        """
         with self._lock:
-            hit = self.tiers.acquire(token_ids)
+            hit = self.tiers.acquire(token_ids, whole=whole)
             n = hit.num_cached_tokens
+            if whole and n == len(token_ids):
+                self.num_whole_hits += 1
             try:
-                caches = self._materialize(hit.parts) if n else None
+                caches = self._materialize(hit.parts) if n and materialize else None
             except Exception:
                 self.tiers.release(hit)
                 raise
         return Lease(hit, n, hit.num_cached_tokens_cold, caches)
+
+    def materialize(self, lease: Lease) -> None:
+        """Fill ``lease.caches`` from its held blocks (after ``acquire(..., materialize=False)``)."""
+        with self._lock:
+            if lease.caches is None and lease.num_cached_tokens:
+                lease.caches = self._materialize(lease.hit.parts)
+
+    # ---- log-probabilities after a whole prompt -------------------------------------------
+
+    def _prompt_key(self, token_ids: list[int]) -> bytes:
+        h = hashlib.sha256(self.namespace.key())
+        h.update(np.asarray(token_ids, dtype="<u4").tobytes())
+        return h.digest()
+
+    def next_logprobs(self, token_ids: list[int]) -> mx.array | None:
+        """The log-probabilities ``(vocab,)`` the model gave after exactly ``token_ids``, when a
+        finished request left them (see `put_next_logprobs`), else None.
+
+        With these and the whole prompt's KV cached, a repeated prompt needs no forward pass for
+        its first token: the request's own sampler draws it from the very array a run without
+        cache computes (the engine prefills at the same block boundaries either way).
+        """
+        key = self._prompt_key(token_ids)
+        with self._lock:
+            lp = self._next_logprobs.get(key)
+            if lp is not None:
+                self._next_logprobs.move_to_end(key)
+            return lp
+
+    def put_next_logprobs(self, token_ids: list[int], logprobs: mx.array) -> None:
+        """Keep the unprocessed log-probabilities ``(vocab,)`` after ``token_ids`` (LRU, at most
+        ``max_logprobs_bytes`` in all). Only arrays no request-specific processor touched
+        (penalties, bias) may be stored: every later request reuses them."""
+        key = self._prompt_key(token_ids)
+        with self._lock:
+            old = self._next_logprobs.pop(key, None)
+            if old is not None:
+                self._num_logprobs_bytes -= old.nbytes
+            if logprobs.nbytes > self.max_logprobs_bytes:
+                return
+            self._next_logprobs[key] = logprobs
+            self._num_logprobs_bytes += logprobs.nbytes
+            while self._num_logprobs_bytes > self.max_logprobs_bytes:
+                _, lp = self._next_logprobs.popitem(last=False)
+                self._num_logprobs_bytes -= lp.nbytes
 
     def _materialize(self, parts: list[tuple[object, int]]) -> list[KVCache]:
         sliced: list[Payload] = []
@@ -263,6 +323,8 @@ class PrefixCacheTiers:
         """Drop the hot tier (and with ``cold``, this model's SSD files)."""
         with self._lock:
             self.tiers.clear(cold=cold)
+            self._next_logprobs.clear()
+            self._num_logprobs_bytes = 0
 
     def close(self, timeout_s: float | None = 60.0) -> bool:
         """Write the hot tier back to the SSD tier and stop it (clean shutdown; engine stopped).
@@ -296,6 +358,9 @@ class PrefixCacheTiers:
             "num_hit_tokens": s.num_hit_tokens,
             "num_evictions": s.num_evictions,
             "num_evicted_bytes": s.num_evicted_bytes,
+            "num_whole_prompt_hits": self.num_whole_hits,
+            "num_next_logprobs": len(self._next_logprobs),
+            "num_next_logprobs_bytes": self._num_logprobs_bytes,
         }
 
     def cold_stats(self) -> dict[str, Any] | None:

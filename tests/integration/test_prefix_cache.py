@@ -57,8 +57,43 @@ def test_repeated_request_cold_warm_warm_is_identical(servers):
         assert text == ref
         assert usage.completion_tokens == ref_usage.completion_tokens
     assert outs[0][1].prompt_tokens_details.cached_tokens == 0
-    assert outs[1][1].prompt_tokens_details.cached_tokens == outs[1][1].prompt_tokens - 1
-    assert outs[2][1].prompt_tokens_details.cached_tokens == outs[2][1].prompt_tokens - 1
+    # A repeat is a whole-prompt hit: every prompt token's KV and the last position's
+    # log-probabilities come from the cache; no forward pass runs for the first token.
+    assert outs[1][1].prompt_tokens_details.cached_tokens == outs[1][1].prompt_tokens
+    assert outs[2][1].prompt_tokens_details.cached_tokens == outs[2][1].prompt_tokens
+
+
+def _sampled(s: ServerProcess, prompt: str, **kw):
+    r = _client(s).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12, logprobs=3, **kw)
+    lp = r.choices[0].logprobs
+    return r.choices[0].text, lp.tokens, lp.token_logprobs, lp.top_logprobs, r.usage
+
+
+def test_whole_prompt_hit_is_exact_for_seeded_sampling_and_logprobs(servers):
+    cached, plain = servers
+    prompt = "Seeded sampling check. Write a short line about the sea and the wind:"
+    kw = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
+    ref = _sampled(plain, prompt, **kw)
+    cold = _sampled(cached, prompt, **kw)
+    warm = _sampled(cached, prompt, **kw)
+    assert warm[4].prompt_tokens_details.cached_tokens == warm[4].prompt_tokens
+    for got in (cold, warm):
+        assert got[0] == ref[0]
+        assert got[1] == ref[1]
+        assert got[2] == pytest.approx(ref[2], abs=1e-6)
+        assert got[3] == ref[3]
+
+
+def test_penalised_repeat_runs_the_model_and_stays_exact(servers):
+    # Penalties change the first token's logits per request: stored log-probabilities must not be used.
+    cached, plain = servers
+    prompt = "Penalty check: repeat the word echo as many times as you can: echo echo"
+    kw = {"temperature": 0, "frequency_penalty": 1.5, "presence_penalty": 0.5}
+    _complete(cached, prompt, max_tokens=4)  # leaves the unpenalised log-probabilities behind
+    r = _client(cached).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=16, **kw)
+    ref = _client(plain).completions.create(model=MODEL_ID, prompt=prompt, max_tokens=16, **kw)
+    assert r.choices[0].text == ref.choices[0].text
+    assert r.usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
 
 
 def test_prompt_plus_suffix(servers):
@@ -103,7 +138,7 @@ def test_short_prompt_shorter_than_a_block_hits(servers):
     b, usage = _complete(cached, prompt, max_tokens=8)
     assert a == b == _complete(plain, prompt, max_tokens=8)[0]
     assert usage.prompt_tokens < 32  # shorter than one block
-    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens
 
 
 def test_eight_concurrent_requests_sharing_a_prefix(servers):
@@ -132,3 +167,4 @@ def test_cache_stats_report_hits(servers):
     hot = stats["hot"]
     assert hot["num_hits"] > 0 and hot["num_hit_tokens"] > 0 and hot["num_bytes"] > 0
     assert hot["num_bytes"] <= hot["max_bytes"]
+    assert hot["num_whole_prompt_hits"] > 0 and hot["num_next_logprobs"] > 0

@@ -130,7 +130,7 @@ def test_clean_restart_restores_the_prefix_from_disk(warm_cache, plain, prompt_a
         assert cold["num_hits"] == 1 and cold["num_hit_tokens"] == 9 * BS and cold["num_restored_blocks"] == 9
         # Warm again (hot tier now): still the same output, nothing more from disk.
         again, usage = _complete(s, prompt_a)
-        assert again == text and usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a) - 1
+        assert again == text and usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a)  # whole-prompt hit
         assert _cold(s)["num_hit_tokens"] == 9 * BS
     finally:
         s.stop()
@@ -236,7 +236,7 @@ def test_corrupt_and_foreign_files_are_detected_counted_and_recomputed(warm_cach
         assert cold["num_hit_tokens"] == 2 * BS  # blocks 0 and 1; the rest was recomputed
         assert usage["prompt_tokens_details"]["cached_tokens"] == 2 * BS
         again, usage = _complete(s, prompt_a)
-        assert again == text and usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a) - 1
+        assert again == text and usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a)  # whole-prompt hit
     finally:
         s.stop()
     assert sorted(foreign.rglob("*.safetensors")) == foreign_files

@@ -48,11 +48,11 @@ def test_chat_completions_tool_call(qwen):
 def test_anthropic_messages_tool_use(qwen):
     c = anthropic.Anthropic(base_url=qwen.url, api_key="x", max_retries=0, timeout=600)
     tools = [{"name": "get_weather", "description": TOOL["function"]["description"], "input_schema": TOOL["function"]["parameters"]}]
-    m = c.messages.create(model=QWEN_ID, max_tokens=64, temperature=0, messages=ASK, tools=tools)
+    m = c.messages.create(model=QWEN_ID, max_tokens=64, messages=ASK, tools=tools, extra_body={"temperature": 0})
     assert m.stop_reason == "tool_use"
     block = next(b for b in m.content if b.type == "tool_use")
     assert block.name == "get_weather" and "paris" in block.input["city"].lower()
-    with c.messages.stream(model=QWEN_ID, max_tokens=64, temperature=0, messages=ASK, tools=tools) as s:
+    with c.messages.stream(model=QWEN_ID, max_tokens=64, messages=ASK, tools=tools, extra_body={"temperature": 0}) as s:
         final = s.get_final_message()
     assert final.stop_reason == "tool_use"
     assert next(b for b in final.content if b.type == "tool_use").input == block.input

@@ -72,6 +72,16 @@ HERMES = [
     C("truncated", "Hi " + _H[:-5], "Hi " + _H[:-5]),
     C("plain-angle-brackets", "if a < b and c <tool x", "if a < b and c <tool x"),
     C("malformed-then-valid", "<tool_call>oops</tool_call>\n" + _H, "<tool_call>oops</tool_call>", OSLO),
+    # Qwen2.5-Coder-0.5B answers with the bare object (no tags): a call only as the whole response.
+    C("bare-object", '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}', None, OSLO),
+    C("bare-objects-parallel", '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}\n'
+      '{"name": "get_weather", "arguments": {"city": "Lyon"}}\n', None, OSLO, LYON),
+    C("bare-object-unknown-tool", '{"name": "launch", "arguments": {}}', '{"name": "launch", "arguments": {}}'),
+    C("bare-object-then-text", '{"name": "get_weather", "arguments": {"city": "Oslo"}} is how you call it.',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}} is how you call it.'),
+    C("json-answer-not-a-call", '{"city": "Oslo", "temp": 3}', '{"city": "Oslo", "temp": 3}'),
+    C("bare-object-after-text", 'Call: {"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      'Call: {"name": "get_weather", "arguments": {"city": "Oslo"}}'),
 ]
 
 _Q = "<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
