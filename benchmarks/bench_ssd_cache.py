@@ -314,7 +314,8 @@ def main() -> int:
         srv.stop(timeout_s=300)
         servers.remove(srv)
         log = srv.log_path.read_text() if srv.log_path else ""
-        flushed = [ln.split("] ", 1)[-1] for ln in log.splitlines() if "cold KV cache flushed" in ln]
+        flushed = [" ".join(ln.split("] ", 1)[-1].split()).removeprefix("INFO ")
+                   for ln in log.splitlines() if "cold KV cache flushed" in ln]
         return {"stopped_clean": srv.stopped_clean, "flush_log": flushed[-1] if flushed else None}
 
     try:
