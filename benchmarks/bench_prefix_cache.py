@@ -25,8 +25,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import sys
 import tempfile
 from pathlib import Path
@@ -72,44 +70,13 @@ def parse_args() -> argparse.Namespace:
     return a
 
 
-class Trie:
-    """Every token sequence omlx could have kept (prompt + generated tokens).
-
-    ``add`` returns how many tokens were new; ``match`` the longest prefix already present.
-    """
-
-    def __init__(self) -> None:
-        self.root: dict[Any, Any] = {}
-        self.size = 0
-
-    def add(self, seq: list[Any]) -> int:
-        node, new = self.root, 0
-        for t in seq:
-            nxt = node.get(t)
-            if nxt is None:
-                nxt = node[t] = {}
-                new += 1
-            node = nxt
-        self.size += new
-        return new
-
-    def match(self, seq: list[Any]) -> int:
-        node, n = self.root, 0
-        for t in seq:
-            node = node.get(t)
-            if node is None:
-                break
-            n += 1
-        return n
-
-
 class Tracker:
     """Per-server bookkeeping: the omlx trie, the physical-reference tasks, prompt-count checks."""
 
     def __init__(self, prompts: C.Prompts, rep: C.Report):
         self.prompts = prompts
         self.rep = rep
-        self.trie = Trie()
+        self.trie = C.Trie()
         self.tasks: list[dict[str, Any]] = []
         self.mismatches = 0
 
@@ -127,14 +94,7 @@ class Tracker:
                               "the unique-token count and references are approximate")
         if label != "omlx" or not res.ok:
             return
-        # Everything the server saw: the prompt, the generated tokens (re-tokenized from the text;
-        # padded with unique stand-ins if that gives fewer) and the EOS when it stopped on one.
-        n = res.num_tokens
-        gen: list[Any] = self.prompts.reply_ids(res.text)[:n]
-        gen += [("gen", hash(tuple(ids)), i) for i in range(len(gen), n)]
-        if res.finish_reason == "stop":
-            gen.append(self.prompts.eos_id)
-        self.trie.add(list(ids) + gen)
+        self.trie.add(C.served_tokens(self.prompts, ids, res))
 
 
 def send(server: C.Server, tracker: Tracker | None, task_id: str, *, ids: list[int], prompt: str | None = None,
@@ -155,20 +115,6 @@ def send(server: C.Server, tracker: Tracker | None, task_id: str, *, ids: list[i
     return d
 
 
-def kv_bytes_per_token(model_dir: Path) -> tuple[int, dict[str, Any]]:
-    cfg = json.loads((model_dir / "config.json").read_text())
-    tc = cfg.get("text_config", cfg)
-    layers = tc["num_hidden_layers"]
-    kv_heads = tc.get("num_key_value_heads", tc["num_attention_heads"])
-    head_dim = tc.get("head_dim") or tc["hidden_size"] // tc["num_attention_heads"]
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16")
-    nbytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
-    if cfg.get("quantization") and dtype == "float32":
-        nbytes = 2
-    return 2 * layers * kv_heads * head_dim * nbytes, {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
-                                                       "dtype": dtype, "dtype_bytes": nbytes}
-
-
 def main() -> int:
     a = parse_args()
     C.set_blas_threads(a.blas_threads)
@@ -183,28 +129,14 @@ def main() -> int:
                            "trace": {lb: [] for lb in LABELS}}
 
     # ---- prompts, identical for both servers
-    long_cases = []
-    for r in range(a.reps):
-        lines = prompts.lines(f"long-{r}", a.prompt_tokens)
-        base = "\n".join(lines)
-        suffix = "\nQuestion: " + prompts.words(f"suffix-{r}", a.suffix_tokens - 3) + "?"
-        changed = list(lines)
-        mid = len(changed) // 2
-        changed[mid] = C.Prompts.line(random.Random(f"edit-long-{r}"))
-        long_cases.append({"cold": base, "identical": base, "suffix": base + suffix, "changed": "\n".join(changed)})
+    long_cases = [C.long_case(prompts, r, a.prompt_tokens, a.suffix_tokens) for r in range(a.reps)]
     short_cases = []
     for r in range(a.short_reps):
         sys_msg = {"role": "system", "content": "You are " + prompts.words(f"short-sys-{r}", 8) + "."}
         q = prompts.words(f"short-q-{r}", max(4, a.short_tokens - 16 - len(prompts.chat_ids([sys_msg]))))
         short_cases.append([sys_msg, {"role": "user", "content": q[0].upper() + q[1:] + "?"}])
-    traces = []
-    for r in range(a.trace_reps):
-        system = "\n".join(prompts.lines(f"trace-sys-{r}", a.system_tokens, tag=""))
-        users = [prompts.lines(f"trace-{r}-turn-{k}", a.turn_tokens) for k in range(a.turns)]
-        edited_lines = list(users[max(0, a.edit_turn // 2 - 1)])
-        edited_lines[len(edited_lines) // 2] = C.Prompts.line(random.Random(f"trace-edit-{r}"))
-        traces.append({"system": system, "users": users, "edit_index": max(0, a.edit_turn // 2 - 1),
-                       "edited": edited_lines})
+    traces = [C.AgentTrace.build(prompts, r, a.system_tokens, a.turn_tokens, a.turns, a.edit_turn)
+              for r in range(a.trace_reps)]
 
     servers: dict[str, C.Server] = {}
     stats: dict[str, Any] = {}
@@ -256,13 +188,10 @@ def main() -> int:
         for r, tr in enumerate(traces):
             order = LABELS if r % 2 == 0 else LABELS[::-1]
             for label in order:
-                msgs: list[dict[str, Any]] = [{"role": "system", "content": tr["system"]}]
+                msgs = tr.start()
                 turns = []
                 for k in range(a.turns):
-                    if k + 1 == a.edit_turn:  # edit a line in the middle of the history
-                        idx = 1 + 2 * tr["edit_index"]
-                        msgs[idx] = {"role": "user", "content": "\n".join(tr["edited"])}
-                    msgs.append({"role": "user", "content": "\n".join(tr["users"][k])})
+                    tr.next_turn(msgs, k)  # at the edit turn, a line in the middle of the history changes
                     ids = prompts.chat_ids(msgs)
                     d = send(servers[label], tracker, f"trace-{r}-turn-{k + 1}", ids=ids, messages=msgs,
                              max_tokens=a.reply_tokens)
@@ -334,7 +263,7 @@ def main() -> int:
     fig["omlx"]["trace_turn_over_reference"] = turn_ratio
 
     # resident KV bytes
-    bpt, kv_shape = kv_bytes_per_token(model_dir)
+    bpt, kv_shape = C.kv_bytes_per_token(model_dir)
     kv: dict[str, Any] = {"bytes_per_token": bpt, **kv_shape, "unique_cached_tokens": tracker.trie.size}
     try:
         name = servers["omlx"].model_name

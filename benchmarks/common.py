@@ -187,10 +187,12 @@ class Server:
             omlx's default folder, else passed with ``--model``).
         extra_args: more command-line arguments.
         log_dir: where the server's log goes.
+        base_path: omlx's ``--base-path``, kept after ``stop()`` (a restart reuses its SSD
+            cache); default: a temp folder deleted by ``stop()``.
     """
 
     def __init__(self, kind: str, model_dir: Path, extra_args: Sequence[str] = (), log_dir: Path | None = None,
-                 label: str | None = None):
+                 label: str | None = None, base_path: Path | None = None):
         if kind not in ("omlx", "mlx_lm"):
             raise ValueError(kind)
         self.kind = kind
@@ -203,6 +205,9 @@ class Server:
         self.model_name: str | None = None  # the "model" field requests carry (None: omitted)
         self.ready_s: float | None = None  # Popen -> /health 200
         self.base_path: Path | None = None
+        self.keep_base_path = base_path is not None
+        self.stopped_clean: bool | None = None
+        self._given_base_path = Path(base_path) if base_path is not None else None
         self.log_path: Path | None = None
         self._log = None
 
@@ -212,9 +217,14 @@ class Server:
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
         if self.kind == "omlx":
-            self.base_path = Path(tempfile.mkdtemp(prefix="omlx-bench-home-"))
+            if self._given_base_path is not None:
+                self.base_path = self._given_base_path
+                self.base_path.mkdir(parents=True, exist_ok=True)
+            else:
+                self.base_path = Path(tempfile.mkdtemp(prefix="omlx-bench-home-"))
             models = self.base_path / "models"
-            models.symlink_to(self.model_dir.parent, target_is_directory=True)
+            if not models.is_symlink():
+                models.symlink_to(self.model_dir.parent, target_is_directory=True)
             cmd = [sys.executable, "-m", "omlx", "serve", "--port", str(self.port), "--base-path", str(self.base_path)]
             if self.model_dir.resolve() != DEFAULT_MODEL_DIR.resolve():
                 cmd += ["--model", str(self.model_dir)]
@@ -296,11 +306,15 @@ class Server:
             return ""
 
     def stop(self, timeout_s: float = 30) -> None:
+        """SIGTERM (a clean stop: omlx flushes its KV hot tier to the SSD tier); SIGKILL after
+        ``timeout_s``. ``stopped_clean`` says which it took."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout_s)
+                self.stopped_clean = True
             except subprocess.TimeoutExpired:
+                self.stopped_clean = False
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
             except ProcessLookupError:
@@ -308,7 +322,7 @@ class Server:
         if self._log is not None:
             self._log.close()
             self._log = None
-        if self.base_path is not None:  # only a symlink to the models and omlx's own files
+        if self.base_path is not None and not self.keep_base_path:  # a models symlink and omlx's own files
             shutil.rmtree(self.base_path, ignore_errors=True)
             self.base_path = None
 
@@ -598,6 +612,131 @@ class Prompts:
         extra = " ".join(rng.choice(WORDS) for _ in range(4))
         return [{"role": "user", "content": f"Write a long, detailed essay about {topic}. "
                                             f"Cover many aspects in depth (keywords: {extra})."}]
+
+
+def long_case(prompts: Prompts, rep: int, num_tokens: int, suffix_tokens: int = 40) -> dict[str, str]:
+    """The ~``num_tokens``-token prompt of the prefix-cache benchmarks (lines of words, seed ``long-{rep}``).
+
+    Returns:
+        ``{"cold", "identical", "suffix", "changed"}`` -> prompt text: the prompt twice, the
+        prompt plus ``\nQuestion: ...?`` of about ``suffix_tokens`` tokens, and the prompt
+        with its middle line replaced.
+    """
+    lines = prompts.lines(f"long-{rep}", num_tokens)
+    base = "\n".join(lines)
+    suffix = "\nQuestion: " + prompts.words(f"suffix-{rep}", suffix_tokens - 3) + "?"
+    changed = list(lines)
+    changed[len(changed) // 2] = Prompts.line(random.Random(f"edit-long-{rep}"))
+    return {"cold": base, "identical": base, "suffix": base + suffix, "changed": "\n".join(changed)}
+
+
+@dataclass
+class AgentTrace:
+    """The agent trace of the prefix-cache benchmarks: a system prompt and one user message per turn.
+
+    At turn ``edit_turn`` (1-based; 0 or a turn past the end: never) a line in the middle of
+    the user message ``edit_index`` (an earlier turn's) is replaced by ``edited``, as an agent
+    that rewrites a file it showed before. Replies come from the server under test, so each
+    server's history holds its own replies.
+    """
+
+    system: str
+    users: list[list[str]]
+    edit_turn: int
+    edit_index: int
+    edited: list[str]
+
+    @classmethod
+    def build(cls, prompts: Prompts, rep: int, system_tokens: int, turn_tokens: int, num_turns: int,
+              edit_turn: int) -> "AgentTrace":
+        """Seeded texts (``trace-sys-{rep}``, ``trace-{rep}-turn-{k}``): ~``system_tokens`` of
+        system prompt, ~``turn_tokens`` per user message."""
+        system = "\n".join(prompts.lines(f"trace-sys-{rep}", system_tokens, tag=""))
+        users = [prompts.lines(f"trace-{rep}-turn-{k}", turn_tokens) for k in range(num_turns)]
+        edit_index = max(0, edit_turn // 2 - 1)
+        edited = list(users[edit_index])
+        edited[len(edited) // 2] = Prompts.line(random.Random(f"trace-edit-{rep}"))
+        return cls(system, users, edit_turn, edit_index, edited)
+
+    def start(self) -> list[dict[str, Any]]:
+        """The history before turn 1: the system message."""
+        return [{"role": "system", "content": self.system}]
+
+    def next_turn(self, msgs: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
+        """Append turn ``turn``'s (0-based) user message to ``msgs`` (in place, edit applied); returns it.
+
+        The caller appends the server's reply as ``{"role": "assistant", ...}`` afterwards.
+        """
+        if turn + 1 == self.edit_turn:
+            msgs[1 + 2 * self.edit_index] = {"role": "user", "content": "\n".join(self.edited)}
+        msgs.append({"role": "user", "content": "\n".join(self.users[turn])})
+        return msgs
+
+
+class Trie:
+    """Every token sequence a server could have kept (prompt + generated tokens).
+
+    ``add`` returns how many tokens were new; ``match`` the longest prefix already present;
+    ``size`` counts the unique tokens.
+    """
+
+    def __init__(self) -> None:
+        self.root: dict[Any, Any] = {}
+        self.size = 0
+
+    def add(self, seq: list[Any]) -> int:
+        node, new = self.root, 0
+        for t in seq:
+            nxt = node.get(t)
+            if nxt is None:
+                nxt = node[t] = {}
+                new += 1
+            node = nxt
+        self.size += new
+        return new
+
+    def match(self, seq: list[Any]) -> int:
+        node, n = self.root, 0
+        for t in seq:
+            node = node.get(t)
+            if node is None:
+                break
+            n += 1
+        return n
+
+
+def served_tokens(prompts: Prompts, ids: list[int], res: StreamResult) -> list[Any]:
+    """Everything a server saw for one request: the prompt ids, the generated tokens and the EOS.
+
+    The generated tokens are re-tokenized from the reply text (a server's own ids are not
+    sent); when that gives fewer than ``completion_tokens``, unique stand-ins pad it, and an
+    EOS is appended when the request stopped on one (``finish_reason == "stop"``).
+    """
+    n = res.num_tokens
+    gen: list[Any] = prompts.reply_ids(res.text)[:n]
+    gen += [("gen", hash(tuple(ids)), i) for i in range(len(gen), n)]
+    if res.finish_reason == "stop":
+        gen.append(prompts.eos_id)
+    return list(ids) + gen
+
+
+def kv_bytes_per_token(model_dir: Path) -> tuple[int, dict[str, Any]]:
+    """KV bytes per token from ``config.json``: 2 x layers x kv_heads x head_dim x dtype bytes.
+
+    Returns:
+        The bytes, and the factors (``layers``, ``kv_heads``, ``head_dim``, ``dtype``, ``dtype_bytes``).
+    """
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    tc = cfg.get("text_config", cfg)
+    layers = tc["num_hidden_layers"]
+    kv_heads = tc.get("num_key_value_heads", tc["num_attention_heads"])
+    head_dim = tc.get("head_dim") or tc["hidden_size"] // tc["num_attention_heads"]
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float16")
+    nbytes = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 2)
+    if cfg.get("quantization") and dtype == "float32":
+        nbytes = 2
+    return 2 * layers * kv_heads * head_dim * nbytes, {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
+                                                       "dtype": dtype, "dtype_bytes": nbytes}
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:

@@ -233,6 +233,7 @@ class TieredCache:
         self.num_restored_bytes = 0
         self.num_restores_skipped = 0
         self.num_restore_failures = 0
+        self.restore_s = 0.0
         if store is not None:
             pool.on_evict = self._on_evict
 
@@ -355,8 +356,10 @@ class TieredCache:
             for f in futures:
                 f.cancel()
             self.store.unpin(hashes)
+        elapsed = time.monotonic() - t0
+        self.restore_s += elapsed
         if restored_tokens:
-            self.cost.observe_read(restored_bytes, time.monotonic() - t0)
+            self.cost.observe_read(restored_bytes, elapsed)
             self.num_cold_hits += 1
             self.num_cold_hit_tokens += restored_tokens
             self.num_restored_blocks += restored_blocks
@@ -503,6 +506,7 @@ class TieredCache:
             "num_restored_bytes": self.num_restored_bytes,
             "num_restores_skipped": self.num_restores_skipped,
             "num_restore_failures": self.num_restore_failures,
+            "restore_s": round(self.restore_s, 6),
             "num_bad_files": s.num_bad_files,
             "num_missing_files": s.num_missing,
             "num_writes": s.num_writes,
