@@ -179,6 +179,8 @@ class NodeAgent:
         self.plan: Plan | None = None
         self.plan_epoch = -1
         self.plan_error: str | None = None
+        self.plan_from: str | None = None  # the coordinator that announced the plan in force
+        self._departed: set[str] = set()  # members that left (heartbeat loss or goodbye)
         self.events: collections.deque[str] = collections.deque(maxlen=_NUM_EVENTS)
         self._peers: dict[str, _Peer] = {}
         self._known: dict[str, tuple[str, int]] = {}  # node id -> control address (mDNS/inbound)
@@ -214,7 +216,7 @@ class NodeAgent:
         self._event(f"node {self.info.node_id} started on port {port} (epoch {self.membership.epoch})")
         logger.info("cluster agent %s listening on %s:%d", self.info.node_id, self.settings.control_host, port)
         if self.settings.mdns:
-            self._discovery = Discovery(self.info, on_peer=self._on_discovered)
+            self._discovery = Discovery(self.info, on_peer=self._on_discovered, on_gone=self._on_gone)
             try:
                 await self._discovery.start()
             except OSError as e:
@@ -267,6 +269,11 @@ class NodeAgent:
         if self._known.get(info.node_id) != addr:
             logger.info("discovered node %s at %s:%d over mDNS", info.node_id, *addr)
         self._known[info.node_id] = addr
+
+    def _on_gone(self, node_id: str) -> None:
+        # Its mDNS goodbye: stop dialling it (heartbeats decide whether a member left).
+        if node_id not in self._peers:
+            self._known.pop(node_id, None)
 
     def _on_inbound(self, conn: Connection) -> None:
         if conn.peer_info is None:
@@ -398,7 +405,12 @@ class NodeAgent:
             m.links = {str(k): (float(v[0]), float(v[1])) for k, v in links.items()}
         model = figs.get("model_path")
         m.model_path = str(model) if model else None
+        before = self.membership.epoch
         self.membership.adopt_epoch(int(figs.get("epoch", 0) or 0))
+        if self.membership.epoch > before:
+            # Another node saw a membership change: the coordinator announces a plan for it,
+            # so every node converges on one plan per epoch.
+            self._replan()
 
     async def _heartbeat(self, peer: _Peer) -> None:
         try:
@@ -427,8 +439,10 @@ class NodeAgent:
         if self._peers.get(peer.node_id) is peer:
             del self._peers[peer.node_id]
         await peer.conn.close()
-        self._known.pop(peer.node_id, None)  # rediscovered (or dialled statically) if it returns
+        # Its address stays known: the dial loop keeps trying, so a node that was only paused or
+        # cut off rejoins (in a new epoch) as soon as it answers again.
         if self.membership.leave(peer.node_id, reason):
+            self._departed.add(peer.node_id)
             self._event(f"epoch {self.membership.epoch}: node {peer.node_id} left: {reason}")
             self._replan()
 
@@ -442,8 +456,11 @@ class NodeAgent:
 
     def _replan(self) -> None:
         """On a new epoch: the coordinator plans and announces; others wait for its plan."""
-        # Own model first; a node that inherits coordination re-plans the model in force.
-        model_path = self.membership.me.model_path or self.model_path
+        # Own model first; a node that inherits coordination because the coordinator left
+        # re-plans the model in force onto the rest.
+        model_path = self.membership.me.model_path
+        if model_path is None and self.plan_from in self._departed:
+            model_path = self.model_path
         if self.membership.coordinator_id != self.info.node_id or model_path is None:
             return
         epoch = self.membership.epoch
@@ -455,14 +472,15 @@ class NodeAgent:
             logger.error("epoch %d: cannot plan %s: %s", epoch, model_path, e)
             self.launcher.restart(None)
             return
-        self._adopt_plan(epoch, plan, model_path)
+        self._adopt_plan(epoch, plan, model_path, self.info.node_id)
         msg = {"type": "plan", "epoch": epoch, "model": model_path, "plan": plan_to_dict(plan)}
         for p in list(self._peers.values()):
             self._spawn(self._send_quiet(p, msg))
 
-    def _adopt_plan(self, epoch: int, plan: Plan, model_path: str) -> None:
+    def _adopt_plan(self, epoch: int, plan: Plan, model_path: str, sender: str) -> None:
         self.membership.adopt_epoch(epoch)
         self.plan, self.plan_epoch, self.plan_error, self.model_path = plan, epoch, None, model_path
+        self.plan_from = sender
         ranks = ", ".join(f"{s.node_id}[{s.layer_start},{s.layer_end})" for s in plan.stages)
         self._event(f"epoch {epoch}: plan {ranks}")
         logger.info("epoch %d: plan for %s: %s", epoch, model_path, ranks)
@@ -507,13 +525,20 @@ class NodeAgent:
             if peer is not None:
                 self._spawn(self._lost(peer, "it announced it is leaving"))
             elif self.membership.leave(conn.peer_id, "it announced it is leaving"):
+                self._departed.add(conn.peer_id)
                 self._event(f"epoch {self.membership.epoch}: node {conn.peer_id} left (leave)")
                 self._replan()
             return {"type": "ok"}
         if kind == "plan" and is_member:
             epoch = int(msg.get("epoch", -1))
-            if epoch >= self.plan_epoch:
-                self._adopt_plan(epoch, plan_from_dict(msg["plan"]), str(msg.get("model", "")))
+            # Take plans from whom this node sees as coordinator, or from a node it has not
+            # joined yet (its own dial follows); never an older epoch's.
+            sender_ok = (
+                conn.peer_id == self.membership.coordinator_id
+                or conn.peer_id not in self.membership.members
+            )
+            if epoch >= self.plan_epoch and sender_ok:
+                self._adopt_plan(epoch, plan_from_dict(msg["plan"]), str(msg.get("model", "")), conn.peer_id)
             return {"type": "ok"}
         if kind == "status":
             return {"type": "status", "status": self.status()}
