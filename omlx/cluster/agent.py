@@ -396,6 +396,12 @@ class NodeAgent:
         m = self.membership.members.get(node_id)
         if m is None:
             return
+        try:
+            self._apply_figures_to(m, figs)
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            logger.warning("ignoring malformed figures from %s: %s", node_id, e)
+
+    def _apply_figures_to(self, m: Member, figs: dict[str, Any]) -> None:
         m.http_port = int(figs.get("http_port", m.http_port) or 0)
         m.available_bytes = int(figs.get("available_bytes", m.available_bytes) or 0)
         m.memory_cap_bytes = int(figs.get("memory_cap_bytes", m.memory_cap_bytes) or 0)
@@ -428,7 +434,9 @@ class NodeAgent:
         while True:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             peers = [p for p in self._peers.values() if p.node_id in self.membership.members]
-            await asyncio.gather(*(self._heartbeat(p) for p in peers))
+            for p, result in zip(peers, await asyncio.gather(*(self._heartbeat(p) for p in peers), return_exceptions=True)):
+                if isinstance(result, Exception):  # a bug must not stop the heartbeats to the rest
+                    logger.error("heartbeat to %s failed: %r", p.node_id, result)
             # Members we only hear from inbound (no outbound link yet) expire on silence.
             for node_id in self.membership.expired(time.monotonic(), self.settings.heartbeat_timeout_s * 2):
                 if node_id not in self._peers and self.membership.leave(node_id, "silent"):
