@@ -81,10 +81,12 @@ class WorkerLauncher:
     Args:
         command: Worker command prefix (e.g. ``["omlx", "cluster", "worker"]``); None = dry run:
             log and record the command line, start nothing.
+        extra_args: Appended to every worker line (e.g. ``["--base-path", DIR, "--port", "8000"]``).
     """
 
-    def __init__(self, command: list[str] | None = None) -> None:
+    def __init__(self, command: list[str] | None = None, extra_args: list[str] | None = None) -> None:
         self.command = command
+        self.extra_args = list(extra_args or [])
         self.current: WorkerLaunch | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -95,12 +97,15 @@ class WorkerLauncher:
         self.current = launch
         if launch is None:
             return
-        argv = launch.argv(self.command or WORKER_SUBCOMMAND)
+        argv = self._argv(launch)
         if self.command is None:
             logger.info("epoch %d: rank %d would run: %s", launch.epoch, launch.rank, shlex.join(argv))
             return
         logger.info("epoch %d: starting rank %d: %s", launch.epoch, launch.rank, shlex.join(argv))
         self._proc = subprocess.Popen(argv, env={**os.environ, **launch.env()})
+
+    def _argv(self, launch: WorkerLaunch) -> list[str]:
+        return [*launch.argv(self.command or WORKER_SUBCOMMAND), *self.extra_args]
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -122,7 +127,7 @@ class WorkerLauncher:
             "rank": self.current.rank,
             "num_ranks": self.current.num_ranks,
             "hostfile": str(self.current.hostfile),
-            "command": shlex.join(self.current.argv(self.command or WORKER_SUBCOMMAND)),
+            "command": shlex.join(self._argv(self.current)),
             "running": self._proc is not None and self._proc.poll() is None,
             "dry_run": self.command is None,
         }

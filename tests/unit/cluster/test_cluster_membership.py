@@ -180,7 +180,7 @@ def test_launcher_runs_and_replaces_the_worker(tmp_path) -> None:
         "open(a[a.index('--model') + 1] + '.' + os.environ['MLX_RANK'], 'w').write(' '.join(a[1:])); "
         "time.sleep(60)"
     )
-    launcher = WorkerLauncher([sys.executable, "-c", script])
+    launcher = WorkerLauncher([sys.executable, "-c", script], extra_args=["--port", "8123"])
     hostfile = tmp_path / "h.json"
 
     def launch(rank: int) -> WorkerLaunch:
@@ -195,7 +195,7 @@ def test_launcher_runs_and_replaces_the_worker(tmp_path) -> None:
     deadline = time.monotonic() + 30
     while not (tmp_path / "out.1").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert "--ranges 0:1,1:2" in (tmp_path / "out.1").read_text()
+    assert (tmp_path / "out.1").read_text().endswith("--ranges 0:1,1:2 --hostfile " + str(hostfile) + " --rank 1 --port 8123")
     st = launcher.status()
     assert st is not None and st["running"] is True and st["dry_run"] is False
     launcher.stop()
