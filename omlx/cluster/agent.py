@@ -449,6 +449,9 @@ class NodeAgent:
         await peer.conn.close()
         # Its address stays known: the dial loop keeps trying, so a node that was only paused or
         # cut off rejoins (in a new epoch) as soon as it answers again.
+        member = self.membership.members.get(peer.node_id)
+        if member is not None and member.last_seen_s > 0:
+            reason = f"{reason}; silent for {time.monotonic() - member.last_seen_s:.2f} s"
         if self.membership.leave(peer.node_id, reason):
             self._departed.add(peer.node_id)
             self._event(f"epoch {self.membership.epoch}: node {peer.node_id} left: {reason}")

@@ -108,6 +108,19 @@ def _members(st: dict[str, Any]) -> list[str]:
     return sorted(m["node_id"] for m in st["members"])
 
 
+def _silence_s(events: list[str], node_id: str) -> float:
+    """How long the agent had not heard from ``node_id`` when it dropped it (from its event)."""
+    found = [e for e in events if node_id in e and "left" in e and "silent for" in e]
+    assert found, events
+    return float(found[-1].rsplit("silent for ", 1)[1].split(" s")[0])
+
+
+# The agent drops a member at most one interval + one timeout after its last reply; the slack
+# covers a loaded 2-core CI machine. Polling deadlines are wider: each status call is a new process.
+MAX_SILENCE_S = HEARTBEAT_TIMEOUT_S + HEARTBEAT_INTERVAL_S + 2.0
+POLL_DEADLINE_S = 60.0
+
+
 def test_three_nodes_find_each_other_over_mdns_and_join(lan: Cluster) -> None:
     lan.start(0, ["serve", "--cluster", "--model", str(lan.model)])
     lan.start(1, ["--memory-cap", "3GB"])
@@ -122,7 +135,7 @@ def test_three_nodes_find_each_other_over_mdns_and_join(lan: Cluster) -> None:
         except (AssertionError, json.JSONDecodeError):
             return False  # an agent not listening yet
 
-    lan.wait_for("3 members on every node", all_joined, 90, [0, 1, 2])
+    lan.wait_for("3 members on every node", all_joined, 180, [0, 1, 2])
     for i in range(3):
         assert "over mDNS" in lan.log(i), lan.log(i)[-3000:]  # no --peer was given to anyone
     st = lan.status(0)
@@ -142,7 +155,7 @@ def test_the_plan_spans_the_nodes_and_every_node_shows_it(lan: Cluster) -> None:
         sts = [lan.status(i) for i in range(3)]
         return all(s["plan"] and s["plan_epoch"] == sts[0]["epoch"] and len(s["plan"]["stages"]) == 3 for s in sts)
 
-    lan.wait_for("one plan over the 3 nodes in the current epoch", settled, 30, [0, 1, 2])
+    lan.wait_for("one plan over the 3 nodes in the current epoch", settled, POLL_DEADLINE_S, [0, 1, 2])
     st = lan.status(0)
     stages = st["plan"]["stages"]
     assert stages[0]["node_id"] == ids[0]  # rank 0 serves HTTP
@@ -172,7 +185,7 @@ def test_a_node_without_the_secret_is_refused_and_logged(lan: Cluster) -> None:
     lan.start(3, [], secret="not-the-cluster-secret")
     lan.wait_for("the intruder is refused", lambda: "refused to let us join" in lan.log(3), 60, [0, 3])
     intruder = f"{BridgedNamespaces.SUBNET}.13"
-    lan.wait_for("the refusal is logged", lambda: f"refused control connection from {intruder}" in lan.log(0), 10, [0, 3])
+    lan.wait_for("the refusal is logged", lambda: f"refused control connection from {intruder}" in lan.log(0), 30, [0, 3])
     after = lan.status(0)
     assert _members(after) == _members(before) and after["epoch"] == before["epoch"]
     lan.kill(3)
@@ -182,22 +195,18 @@ def test_killing_a_node_starts_a_new_epoch_and_replans_onto_the_rest(lan: Cluste
     gone = lan.node_id(2)
     before = lan.status(0)
     lan.kill(2)
-    took = lan.wait_for(
-        "node 0 drops the killed node",
-        lambda: gone not in _members(lan.status(0)),
-        HEARTBEAT_TIMEOUT_S + 2 * HEARTBEAT_INTERVAL_S + 5,  # detection bound + CLI round trips
-        [0, 1],
-    )
-    print(f"membership change seen {took:.2f} s after SIGKILL (heartbeat timeout {HEARTBEAT_TIMEOUT_S} s)")
+    lan.wait_for("node 0 drops the killed node", lambda: gone not in _members(lan.status(0)), POLL_DEADLINE_S, [0, 1])
     st = lan.status(0)
     assert st["epoch"] > before["epoch"]
-    assert any(gone in e and "left" in e for e in st["events"]), st["events"]
+    silence = _silence_s(st["events"], gone)
+    print(f"killed node dropped after {silence:.2f} s of silence (heartbeat timeout {HEARTBEAT_TIMEOUT_S} s)")
+    assert silence <= MAX_SILENCE_S
 
     def replanned() -> bool:
         sts = [lan.status(i) for i in (0, 1)]
         return all(s["plan"] and s["plan_epoch"] == st["epoch"] for s in sts)
 
-    lan.wait_for("a plan for the new epoch on both nodes", replanned, 15, [0, 1])
+    lan.wait_for("a plan for the new epoch on both nodes", replanned, POLL_DEADLINE_S, [0, 1])
     plan = lan.status(1)["plan"]
     assert [s["node_id"] for s in plan["stages"]] == [lan.node_id(0), lan.node_id(1)]
     assert plan["stages"][-1]["layer_end"] == 30
@@ -209,29 +218,28 @@ def test_a_paused_node_times_out_then_rejoins_in_a_new_epoch(lan: Cluster) -> No
     before = lan.status(0)
     assert paused in _members(before)
     os.killpg(lan.procs[1].pid, signal.SIGSTOP)
+    dropped_epoch = None
     try:
-        took = lan.wait_for(
-            "node 0 drops the paused node",
-            lambda: paused not in _members(lan.status(0)),
-            HEARTBEAT_TIMEOUT_S + 2 * HEARTBEAT_INTERVAL_S + 5,
-            [0],
-        )
-        print(f"paused node dropped {took:.2f} s after SIGSTOP (heartbeat timeout {HEARTBEAT_TIMEOUT_S} s)")
+        lan.wait_for("node 0 drops the paused node", lambda: paused not in _members(lan.status(0)),
+                     POLL_DEADLINE_S, [0])
         st = lan.status(0)
         assert any(paused in e and "no heartbeat reply" in e for e in st["events"]), st["events"]
+        silence = _silence_s(st["events"], paused)
+        print(f"paused node dropped after {silence:.2f} s of silence (heartbeat timeout {HEARTBEAT_TIMEOUT_S} s)")
+        assert silence <= MAX_SILENCE_S
         assert st["epoch"] > before["epoch"]
-        lan.wait_for("a one-node plan", lambda: [s["node_id"] for s in lan.status(0)["plan"]["stages"]]
-                     == [lan.node_id(0)], 10, [0])
+        assert [s["node_id"] for s in st["plan"]["stages"]] == [lan.node_id(0)] and st["plan_epoch"] == st["epoch"]
+        dropped_epoch = st["epoch"]
     finally:
         os.killpg(lan.procs[1].pid, signal.SIGCONT)
-    dropped_epoch = lan.status(0)["epoch"]
+    assert dropped_epoch is not None
 
     def rejoined() -> bool:
         st = lan.status(0)
         return (paused in _members(st) and st["epoch"] > dropped_epoch and st["plan_epoch"] == st["epoch"]
                 and len(st["plan"]["stages"]) == 2)
 
-    lan.wait_for("the resumed node rejoins and is planned again", rejoined, 30, [0, 1])
+    lan.wait_for("the resumed node rejoins and is planned again", rejoined, POLL_DEADLINE_S, [0, 1])
 
 
 def test_two_nodes_join_through_static_peers_without_mdns(lan: Cluster) -> None:
@@ -259,5 +267,5 @@ def test_two_nodes_join_through_static_peers_without_mdns(lan: Cluster) -> None:
     r = lan.net.run(3, [PY, "-m", "omlx", "cluster", "leave", "--base-path", str(lan.home(3)),
                         "--secret", other_secret], timeout_s=60)
     assert r.returncode == 0, r.stderr
-    lan.wait_for("node 3 leaves cleanly", lambda: lan.procs[3].poll() is not None, 15, [3])
+    lan.wait_for("node 3 leaves cleanly", lambda: lan.procs[3].poll() is not None, 30, [3])
     assert lan.procs[3].returncode == 0
