@@ -30,6 +30,11 @@ TOML layout::
     [models."SmolLM2-135M-Instruct".profiles.precise]   # served as "SmolLM2-135M-Instruct:precise"
     default_temperature = 0.0
     default_max_tokens = 256
+    [cluster]                      # `omlx serve --cluster`, `omlx cluster join`
+    secret = "..."                 # shared by every node (or OMLX_CLUSTER_SECRET)
+    peers = ["10.0.0.2:8470"]      # static peers, for networks mDNS does not cross
+    control_port = 8470
+    memory_cap = "48GB"            # most this node gives the cluster
 """
 
 from __future__ import annotations
@@ -227,6 +232,37 @@ class CacheConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Cluster mode (``[cluster]`` in TOML; see ``omlx.cluster.agent``).
+
+    Attributes:
+        secret: shared secret every node must hold to join (>= 8 bytes); None = not set.
+        peers: static peers ``host:port`` (mDNS does not cross subnets or VPNs).
+        control_host: address the control channel binds.
+        control_port: its TCP port.
+        mdns: advertise and browse ``_omlx._tcp`` over zeroconf.
+        heartbeat_interval_s: period of heartbeats to each member.
+        heartbeat_timeout_s: a member silent this long has left (a new epoch starts).
+        memory_cap_bytes: most memory this node gives a pipeline; None = what is available.
+        headroom_bytes: memory each node keeps free beyond its stage.
+        context_tokens: KV reserve per sequence the plan leaves room for.
+        worker_port: port of this node's ring endpoint (mx.distributed) in the hostfile.
+    """
+
+    secret: str | None = None
+    peers: tuple[str, ...] = ()
+    control_host: str = "0.0.0.0"
+    control_port: int = 8470
+    mdns: bool = True
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 3.0
+    memory_cap_bytes: int | None = None
+    headroom_bytes: int = 2 * 10**9
+    context_tokens: int = 4096
+    worker_port: int = 8480
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Everything `omlx serve` needs; built once by the CLI.
 
@@ -266,6 +302,7 @@ class ServerConfig:
     context_scale_to: int | None = None
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def base_dir(self) -> Path:
@@ -303,6 +340,8 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_SSD_WRITE_THROUGH_HITS": "cache.ssd_write_through_hits",
     "OMLX_SSD_WRITE_NEW_BLOCKS": "cache.ssd_write_new_blocks",
     "OMLX_MEMORY_CEILING": "memory.ceiling_bytes",
+    "OMLX_CLUSTER_SECRET": "cluster.secret",
+    "OMLX_CLUSTER_PEERS": "cluster.peers",
 }
 
 _FILE_KEYS = {
@@ -316,24 +355,28 @@ _FILE_KEYS = {
     "ssd_write_new_blocks": "cache.ssd_write_new_blocks",
 }
 _MEMORY_FILE_KEYS = {"ceiling": "memory.ceiling_bytes"}
+_CLUSTER_FILE_KEYS = {"memory_cap": "cluster.memory_cap_bytes", "headroom": "cluster.headroom_bytes"}
 
 
 def _coerce(key: str, value: Any) -> Any:
     name = key.split(".")[-1]
-    if name in ("models", "disable_kernels"):
+    if name in ("models", "disable_kernels", "peers"):
         if isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
         return tuple(value)
     if name.endswith("_bytes"):
         return None if value in (None, "") else parse_size(value)
     if name in ("port", "max_concurrent_requests", "max_queued_requests", "block_size",
-                "ssd_write_through_hits"):
+                "ssd_write_through_hits", "control_port", "worker_port", "context_tokens"):
         return int(value)
     if name == "context_scale_to":
         return None if value in (None, "", 0, "0") else int(value)
-    if name in ("keepalive_s", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s"):
+    if name in ("keepalive_s", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s",
+                "heartbeat_interval_s", "heartbeat_timeout_s"):
         return float(value)
-    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks"):
+    if name == "headroom_bytes":
+        return parse_size(value)
+    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks", "mdns"):
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes", "on")
         return bool(value)
@@ -349,6 +392,9 @@ def _flatten_file(data: Mapping[str, Any]) -> dict[str, Any]:
         elif k == "memory" and isinstance(v, Mapping):
             for mk, mv in v.items():
                 out[_MEMORY_FILE_KEYS.get(mk, f"memory.{mk}")] = mv
+        elif k == "cluster" and isinstance(v, Mapping):
+            for ck, cv in v.items():
+                out[_CLUSTER_FILE_KEYS.get(ck, f"cluster.{ck}")] = cv
         elif k in ("aliases", "models") and isinstance(v, Mapping):
             out["aliases" if k == "aliases" else "model_settings"] = v
         elif k == "model":
@@ -405,6 +451,8 @@ def load_config(
     cache_kwargs: dict[str, Any] = {}
     memory_names = {f.name for f in fields(MemoryConfig)}
     memory_kwargs: dict[str, Any] = {}
+    cluster_names = {f.name for f in fields(ClusterConfig)}
+    cluster_kwargs: dict[str, Any] = {}
     for key, value in merged.items():
         try:
             if key.startswith("cache."):
@@ -417,6 +465,11 @@ def load_config(
                 if name not in memory_names:
                     raise InvalidRequestError(f"unknown memory setting {name!r}")
                 memory_kwargs[name] = _coerce(key, value)
+            elif key.startswith("cluster."):
+                name = key.split(".", 1)[1]
+                if name not in cluster_names:
+                    raise InvalidRequestError(f"unknown cluster setting {name!r}")
+                cluster_kwargs[name] = _coerce(key, value)
             elif key == "aliases":
                 cfg_kwargs["aliases"] = {str(a): str(t) for a, t in dict(value).items()}
             elif key == "model_settings":
@@ -434,6 +487,11 @@ def load_config(
         cfg = replace(cfg, cache=replace(cfg.cache, **cache_kwargs))
     if memory_kwargs:
         cfg = replace(cfg, memory=replace(cfg.memory, **memory_kwargs))
+    if cluster_kwargs:
+        cfg = replace(cfg, cluster=replace(cfg.cluster, **cluster_kwargs))
+    c = cfg.cluster
+    if not 0 < c.heartbeat_interval_s < c.heartbeat_timeout_s:
+        raise InvalidRequestError("cluster heartbeat_interval_s must be > 0 and below heartbeat_timeout_s")
     m = cfg.memory
     if not 0 < m.soft_watermark <= m.hard_watermark <= 1:
         raise InvalidRequestError("memory watermarks must satisfy 0 < soft_watermark <= hard_watermark <= 1")

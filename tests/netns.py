@@ -32,6 +32,102 @@ def netns_unavailable() -> str | None:
     return None
 
 
+def bridge_netns_unavailable() -> str | None:
+    """Why named namespaces joined by a bridge (``ip netns``, veth, bridge) cannot be made here."""
+    reason = netns_unavailable()
+    if reason:
+        return reason
+    name = f"omlx-probe-{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"'ip netns add' is not permitted here: {r.stderr.strip()}"
+    try:
+        r = subprocess.run(["ip", "-n", name, "link", "add", "br0", "type", "bridge"], capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"cannot create a bridge in a namespace: {r.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+class BridgedNamespaces:
+    """``num_nodes`` network namespaces on one bridge, like machines on one LAN switch.
+
+    A hub namespace holds the bridge; node ``i`` gets namespace ``<prefix>-n<i>`` with ``lo`` and
+    ``eth0`` = ``10.77.0.<10+i>/24`` (a veth whose other end is on the bridge), multicast on (mDNS).
+    Nothing is added to the host's own namespace; ``close()`` deletes every namespace, which
+    removes the links too. Processes started with ``popen`` are killed on ``close()``.
+    """
+
+    SUBNET = "10.77.0"
+
+    def __init__(self, num_nodes: int, prefix: str | None = None) -> None:
+        self.prefix = prefix or f"omlx{os.getpid()}"
+        self.hub = f"{self.prefix}-hub"
+        self.names = [f"{self.prefix}-n{i}" for i in range(num_nodes)]
+        self.procs: list[subprocess.Popen] = []
+        self._made: list[str] = []
+        try:
+            self._ns_add(self.hub)
+            self._ip(self.hub, "link", "add", "br0", "type", "bridge")
+            self._ip(self.hub, "link", "set", "br0", "up")
+            for i, ns in enumerate(self.names):
+                self.add_node(i, ns)
+        except BaseException:
+            self.close()
+            raise
+
+    def address(self, i: int) -> str:
+        return f"{self.SUBNET}.{10 + i}"
+
+    def add_node(self, i: int, ns: str) -> None:
+        self._ns_add(ns)
+        host_end = f"v{i}"
+        self._ip(self.hub, "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self._ip(self.hub, "link", "set", host_end, "master", "br0")
+        self._ip(self.hub, "link", "set", host_end, "up")
+        self._ip(ns, "link", "set", "lo", "up")
+        self._ip(ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+        self._ip(ns, "link", "set", "eth0", "multicast", "on")
+        self._ip(ns, "link", "set", "eth0", "up")
+        # mDNS sends to 224.0.0.251; with no default route the kernel needs this one.
+        self._ip(ns, "route", "add", "224.0.0.0/4", "dev", "eth0")
+
+    def popen(self, i: int, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start ``cmd`` inside node ``i``'s namespace, output to ``log``."""
+        f = open(log, "w")
+        proc = subprocess.Popen(["ip", "netns", "exec", self.names[i], *cmd], stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, start_new_session=True)
+        f.close()
+        self.procs.append(proc)
+        return proc
+
+    def run(self, i: int, cmd: list[str], timeout_s: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """Run ``cmd`` to completion inside node ``i``'s namespace."""
+        return subprocess.run(["ip", "netns", "exec", self.names[i], *cmd], capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        for ns in reversed(self._made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._made.clear()
+
+    def _ns_add(self, ns: str) -> None:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # a leftover of a killed run
+        subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True, text=True)
+        self._made.append(ns)
+
+    @staticmethod
+    def _ip(ns: str, *args: str) -> None:
+        r = subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"ip -n {ns} {' '.join(args)}: {r.stderr.strip()}")
+
+
 def run_beside_server(cmd: list[str], *, port: int, cwd: Path, env: dict[str, str] | None = None,
                       server_args: list[str] | None = None, timeout_s: float = 540) -> subprocess.CompletedProcess:
     """Run ``cmd`` (stdin closed) in a new loopback-only namespace with omlx serving on ``port``.

@@ -33,6 +33,9 @@ def serve(
     log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
     alias: Annotated[Optional[list[str]], typer.Option("--alias", help="NAME=TARGET: serve model TARGET also as NAME (e.g. a client's model id); repeat for several.")] = None,
     context_scale_to: Annotated[Optional[int], typer.Option(help="Anthropic API: scale reported token counts so a client assuming a window of this many tokens compacts at the model's real limit. Off by default.")] = None,
+    cluster: Annotated[bool, typer.Option("--cluster", help="Also run the cluster node agent: advertise over mDNS, join peers holding the secret, plan the first --model over them (this node is rank 0).")] = False,
+    cluster_secret: Annotated[Optional[str], typer.Option(help="Shared cluster secret (or OMLX_CLUSTER_SECRET, [cluster] secret).")] = None,
+    peer: Annotated[Optional[list[str]], typer.Option("--peer", help="Static cluster peer host:port; repeat for several.")] = None,
 ) -> None:
     flags = {
         "models": tuple(model) if model else None,
@@ -52,10 +55,17 @@ def serve(
         "log_level": log_level,
         "aliases": parse_aliases(alias) if alias else None,
         "context_scale_to": context_scale_to,
+        "cluster.peers": tuple(peer) if peer else None,
     }
     cfg = config_from(flags, config)
     _maybe_reexec_with_blas(cfg.preload_blas)
     setup_logging(cfg.log_level)
+    if cluster:
+        from omlx.cli.cluster import _model_path, make_agent, resolve_secret, start_agent_thread
+
+        secret = resolve_secret(cfg, cluster_secret, persist=True)
+        model_path = _model_path(cfg, cfg.models[0] if cfg.models else None)
+        start_agent_thread(make_agent(cfg, secret, model_path, http_port=cfg.port))
     from omlx.api.server import run_server
 
     code = run_server(cfg)

@@ -716,8 +716,10 @@ def parse_nodes_spec(
 
     Grammar: nodes separated by ``,``; a node is ``ID:MEMORY[:MEM_BANDWIDTH][:key=value...]`` with
     keys ``cap`` (configured cap), ``headroom``, ``link`` (bandwidth) and ``latency``, e.g.
-    ``"a:16GB:100GB/s,b:8GB:50GB/s:headroom=1GB:link=10Gbit/s:latency=200us"``. MEMORY is the
-    node's ``available_bytes``; omitted fields take the keyword defaults.
+    ``"a:16GB:100GB/s,b:8GB:50GB/s:headroom=1GB:link=10Gbit/s:latency=200us"``, or the short form
+    ``MEMORY[@MEM_BANDWIDTH]`` (no ``:``), e.g. ``"64GB@400GB/s,32GB@200GB/s"``, whose node ids are
+    ``node0``, ``node1``... by position. MEMORY is the node's ``available_bytes``; omitted fields
+    take the keyword defaults.
 
     Returns:
         One NodeSpec per node, in the order given (which is the pipeline order).
@@ -726,7 +728,10 @@ def parse_nodes_spec(
         ValueError: Malformed spec, unknown key, or duplicate node id (the message names the part).
     """
     nodes: list[NodeSpec] = []
-    for part in spec.split(","):
+    for i, part in enumerate(spec.split(",")):
+        if part.strip() and ":" not in part:
+            memory, _, rate = part.strip().partition("@")
+            part = f"node{i}:{memory}" + (f":{rate}" if rate else "")
         fields = [f.strip() for f in part.strip().split(":")]
         if len(fields) < 2 or not fields[0] or not fields[1]:
             raise ValueError(
