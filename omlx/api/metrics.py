@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from omlx.pool import EnginePool
 from omlx.request import Failed, Finished, GenerationEvent, Request
 
+#: generate_latest writes text format 0.0.4 (what every Prometheus version reads).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: TTFT buckets (s): a cached prompt on a fast machine to a cold 32k prefill on a slow one.
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

@@ -158,10 +158,11 @@ async def stream_chat(client: httpx.AsyncClient, target: Target, body: dict[str,
 
 
 class MemoryProbe:
-    """Polls omlx's ``GET /v1/models/status`` while a step runs and keeps the peak
-    ``memory.used_bytes``; ``peak_bytes`` stays None on servers that do not report it."""
+    """Polls omlx's ``GET /v1/models/status`` every ``interval_s`` while a step runs (and once
+    after it) and keeps the peak ``memory.used_bytes``; ``peak_bytes`` stays None on servers
+    that do not report it. A sampled peak: a spike shorter than the interval can be missed."""
 
-    def __init__(self, client: httpx.AsyncClient, target: Target, interval_s: float = 0.25):
+    def __init__(self, client: httpx.AsyncClient, target: Target, interval_s: float = 0.5):
         self.client, self.target, self.interval_s = client, target, interval_s
         self.peak_bytes: int | None = None
         self._task: asyncio.Task[None] | None = None
