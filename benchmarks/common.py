@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import random
@@ -503,31 +502,9 @@ def stream_completion(server: Server, prompt: str, max_tokens: int, **extra: Any
 # ---------------------------------------------------------------------------------------------
 # prompts
 
-WORDS = (
-    "time person year way day thing man world life hand part child eye woman place work week case point "
-    "government company number group problem fact river mountain window garden kitchen engine signal "
-    "market village station library doctor teacher student farmer pilot captain bridge tunnel harbor "
-    "forest desert island valley ocean planet comet orbit crystal mineral copper silver iron marble "
-    "paper letter record report message answer question theory method result sample measure "
-    "battery circuit sensor motor valve pump filter pipe cable switch socket module kernel buffer cache "
-    "thread socket packet router server client browser editor compiler parser token vector matrix "
-    "table column index query schema field value array object string integer float boolean "
-    "red blue green yellow purple orange silent quick slow bright dark heavy light early late "
-    "ancient modern simple complex careful rapid gentle strong narrow broad hidden open closed "
-    "runs builds carries finds keeps moves opens reads writes sends holds turns takes gives shows "
-    "measures checks counts draws fills joins lifts marks needs plans pulls pushes raises sorts "
-    "under over between through across around before after during against within without "
-    "north south east west spring summer autumn winter morning evening night noon"
-).split()
-
-TOPICS = (
-    "the history of the Roman Empire", "how volcanoes form", "the life cycle of stars", "the invention of printing",
-    "the water cycle", "the causes of the French Revolution", "how computers store numbers", "the migration of birds",
-    "the evolution of jazz music", "the construction of medieval castles", "how vaccines train the immune system",
-    "the age of exploration", "the chemistry of cooking", "the design of suspension bridges",
-    "the ecology of coral reefs", "the industrial revolution in Britain", "the physics of flight",
-    "the history of mathematics", "how rivers shape landscapes", "the origins of the Olympic games",
-)
+# The seeded text of `omlx bench` (one word list and topic list for every benchmark).
+from omlx.bench.prompts import TOPICS, WORDS  # noqa: E402,F401
+from omlx.bench.prompts import line as _line  # noqa: E402
 
 
 class Prompts:
@@ -566,10 +543,7 @@ class Prompts:
 
     @staticmethod
     def line(rng: random.Random, tag: str = "") -> str:
-        n = rng.randint(8, 14)
-        words = [rng.choice(WORDS) for _ in range(n)]
-        words[0] = words[0].capitalize()
-        return (tag + " ".join(words) + ".").strip()
+        return _line(rng, tag)
 
     def lines(self, seed: int | str, num_tokens: int, tag: str = "") -> list[str]:
         """Lines of text (joined by "\\n") of at most ``num_tokens`` tokens, within a word of it.
@@ -752,12 +726,7 @@ def lcp(a: Sequence[int], b: Sequence[int]) -> int:
 # statistics and reports
 
 
-def summarize(values: Iterable[float | None]) -> dict[str, Any]:
-    """median / min / max / n over the values that are not None."""
-    v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    if not v:
-        return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+from omlx.bench.report import summarize  # noqa: E402  (median/min/max/n, shared with omlx bench)
 
 
 def med(values: Iterable[float | None]) -> float | None:

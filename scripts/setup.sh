@@ -8,11 +8,13 @@ if [ "$(uname -s)" = "Linux" ]; then
   # MLX's Linux CPU wheel links a reference BLAS ~15x slower than OpenBLAS; omlx preloads this one.
   # ruby: `ruby -c Formula/omlx.rb` in tests/unit/test_formula.py.
   # iproute2 (`ip netns`, veth, bridge): the cluster tests' network namespaces.
+  # chromium + chromium-driver: the /admin dashboard test (tests/integration/test_dashboard.py).
   if ! ls /usr/lib/*-linux-gnu/libopenblas.so.0 >/dev/null 2>&1 || ! command -v ruby >/dev/null 2>&1 \
-      || ! command -v ip >/dev/null 2>&1; then
+      || ! command -v ip >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
+      || ! command -v chromedriver >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas0-pthread ruby iproute2 >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas0-pthread ruby iproute2 chromium chromium-driver >/dev/null
   fi
 fi
 

@@ -411,7 +411,8 @@ def frame(builder: MessageBuilder, ev: Any) -> list[SseEvent]:
 @bp.post("/messages")
 async def create_message(http: HttpRequest):
     p = _prepare(http)
-    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s)
+    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
+                     observer=http.app.ctx.metrics.observe)
     turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.chat.tools, think=p.think,
                      in_reasoning=p.in_reasoning)
     turn.start()  # a full queue raises RateLimitError here: a 429 with retry-after, before any SSE

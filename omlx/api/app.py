@@ -18,10 +18,12 @@ from sanic.response import empty
 
 from omlx.api import admin as admin_routes
 from omlx.api import anthropic as anthropic_routes
+from omlx.api import dashboard as dashboard_routes
 from omlx.api import embeddings as embeddings_routes
 from omlx.api import openai as openai_routes
 from omlx.api import responses as responses_routes
 from omlx.api.errors import OmlxErrorHandler, error_response
+from omlx.api.metrics import Metrics
 from omlx.config import ServerConfig
 from omlx.errors import AuthenticationError
 from omlx.pool import EnginePool
@@ -32,7 +34,9 @@ OPEN_PATHS = ("/health", "/")
 
 
 def check_api_key(http: HttpRequest, api_key: str) -> None:
-    """Accept ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (constant-time compare).
+    """Accept ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (constant-time compare); on the
+    dashboard page (`dashboard.KEY_IN_QUERY_PATHS`) also ``?key=KEY``, since a browser opening it
+    cannot send a header.
 
     Raises:
         AuthenticationError: missing or wrong key.
@@ -42,6 +46,8 @@ def check_api_key(http: HttpRequest, api_key: str) -> None:
         auth = http.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
             given = auth[7:].strip()
+    if given is None and http.path in dashboard_routes.KEY_IN_QUERY_PATHS:
+        given = http.args.get("key")
     if given is None or not hmac.compare_digest(given.encode(), api_key.encode()):
         raise AuthenticationError("invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')")
 
@@ -85,6 +91,7 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     app.ctx.pool = pool
     app.ctx.status = status
     app.ctx.started_at = time.time()
+    app.ctx.metrics = Metrics(pool)
 
     @app.on_request
     async def _auth(http: HttpRequest):
@@ -120,5 +127,6 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     app.blueprint(anthropic_routes.bp)
     app.blueprint(responses_routes.bp)
     app.blueprint(embeddings_routes.bp)
+    app.blueprint(dashboard_routes.bp)  # /admin, /v1/admin/recent, /metrics
     admin_routes.install(app)  # /v1/models/{status,<id>/load,<id>/unload} and load-on-demand middleware
     return app

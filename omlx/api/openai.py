@@ -235,7 +235,8 @@ async def completions(http: HttpRequest):
 
 async def _serve(http: HttpRequest, *, chat: bool):
     p = _prepare(http, chat=chat)
-    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s)
+    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
+                     observer=http.app.ctx.metrics.observe)
     turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.tools, think=p.think, in_reasoning=p.in_reasoning)
     turn.start()
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]

@@ -423,7 +423,8 @@ async def create_response(http: HttpRequest):
     b = p.builder
     store = response_store(http) if p.store else None
     on_finish = (lambda: store.put(b.response, p.input_items)) if store is not None else None
-    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s)
+    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
+                     observer=http.app.ctx.metrics.observe)
     turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.parse_tools, think=p.think,
                      in_reasoning=p.in_reasoning)
     turn.start()  # a full queue raises here, before any header: HTTP 429

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator
+import logging
+from typing import Any, AsyncIterator, Callable
 
 from omlx.engine.engine import Engine
 from omlx.request import Failed, Finished, GenerationEvent, Request
+
+logger = logging.getLogger(__name__)
 
 KEEPALIVE = object()
 
@@ -24,8 +27,10 @@ class EventStream:
     Raises (from ``start``): RateLimitError when the engine's queue is full.
     """
 
-    def __init__(self, engine: Engine, request: Request, keepalive_s: float = 5.0):
+    def __init__(self, engine: Engine, request: Request, keepalive_s: float = 5.0,
+                 observer: Callable[[str, Request, GenerationEvent], None] | None = None):
         self.engine = engine
+        self.observer = observer  # sees the last event (metrics, recent requests), on the engine thread
         self.request = request
         self.keepalive_s = keepalive_s
         self._queue: asyncio.Queue[GenerationEvent] = asyncio.Queue()
@@ -36,6 +41,11 @@ class EventStream:
         self.engine.submit(self.request, self._sink)
 
     def _sink(self, event: GenerationEvent) -> None:
+        if self.observer is not None and isinstance(event, (Finished, Failed)):
+            try:
+                self.observer(self.engine.model_id, self.request, event)
+            except Exception:  # a metrics fault must never cost the request its answer
+                logger.exception("metrics observer failed for %s", self.request.request_id)
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
     async def events(self, *, keepalive: bool = True) -> AsyncIterator[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from omlx.cli import bench as bench_cli
 from omlx.cli import cache as cache_cli
 from omlx.cli import cluster as cluster_cli
 from omlx.cli import doctor as doctor_cli
@@ -15,6 +16,7 @@ app.command("serve", help="Run the server (OpenAI and Anthropic APIs).")(serve_c
 app.add_typer(models_cli.app, name="models")
 app.add_typer(cache_cli.app, name="cache")
 app.add_typer(cluster_cli.app, name="cluster")
+app.command("bench", help="Benchmark a server (or compare two): TTFT, TPOT, tok/s, cache, memory; JSON out.")(bench_cli.bench)
 app.command("doctor", help="Check this machine and the setup; exit 1 on an error.")(doctor_cli.doctor)
 
 

@@ -2,8 +2,9 @@
 
 cli -> {api, cluster, bench} -> pool -> engine -> scheduler -> cache -> {memory, kernels,
 tool_parsers, profiles} -> {request, config, errors}; api and cluster never import each other;
-sanic only in api/, typer only in cli/, zeroconf only in cluster/discovery.py; the pure core
-imports neither mlx nor numpy.
+sanic only in api/, typer only in cli/, zeroconf only in cluster/discovery.py, prometheus_client
+only in api/; the pure core imports neither mlx nor numpy; bench/ is an HTTP client that imports
+nothing of omlx's server (no api, pool, engine, mlx).
 """
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ def test_framework_imports_stay_in_their_layer(path):
             assert rel.startswith("cli/"), f"{rel} imports typer"
         if top == "zeroconf":
             assert rel == "cluster/discovery.py", f"{rel} imports zeroconf"
+        if top == "prometheus_client":
+            assert rel.startswith("api/"), f"{rel} imports prometheus_client"
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "bench").rglob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
+def test_bench_talks_http_only(path):
+    for name in _imports(path):
+        parts = name.split(".")
+        if parts[0] == "omlx":
+            assert len(parts) > 1 and parts[1] == "bench", f"{path.relative_to(PKG)} imports {name}"
+        assert parts[0] not in ("mlx", "mlx_lm", "sanic"), f"{path.relative_to(PKG)} imports {name}"
 
 
 @pytest.mark.parametrize("rel", PURE)

@@ -1,0 +1,106 @@
+"""The ``/admin`` dashboard in a real headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, installed by scripts/setup.sh, driven by selenium): the page loads with no
+console errors, shows the loaded model, the cache figures and the kernel/BLAS status, and its
+unload/load buttons change ``/v1/models/status``. A screenshot is saved as
+``artifacts/dashboard.png``."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import MODEL_ID, REPO, ServerProcess
+
+KEY = "dashboard-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                                reason="Debian's chromium and chromium-driver are not installed (scripts/setup.sh "
+                                       "installs them)")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerProcess(["--api-key", KEY, "--block-size", "32", "--no-ssd-cache"]) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+        for _ in range(2):  # a cache hit and two recent requests to show
+            client.completions.create(model=MODEL_ID, prompt="Rivers and mountains. " * 20, max_tokens=3)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,1100", "--no-first-run", "--disable-extensions"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def wait_for(fn, timeout_s: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def model_state(server: ServerProcess) -> str:
+    rows = httpx.get(server.url + "/v1/models/status", headers=AUTH, timeout=30).json()["models"]
+    return {r["id"]: r["state"] for r in rows}[MODEL_ID]
+
+
+def test_page_shows_models_cache_and_kernels_and_buttons_work(server, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(server.url + "/admin?key=" + KEY)
+    wait_for(lambda: int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-polls") or 0) >= 2,
+             what="two dashboard polls")
+    assert "key=" not in browser.current_url  # the key left the address bar for sessionStorage
+    row = browser.find_element(By.CSS_SELECTOR, f'#models tr[data-model="{MODEL_ID}"]')
+    assert "loaded" in row.text
+    hot = browser.find_element(By.CSS_SELECTOR, f'#cache tr[data-model="{MODEL_ID}"][data-tier="hot"]')
+    cells = [td.text for td in hot.find_elements(By.TAG_NAME, "td")]
+    assert cells[2].endswith("%") and cells[2] != "0.0 %", cells  # the second request hit
+    assert int(cells[3]) > 0
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#recent tbody tr")) >= 2
+    assert "BLAS:" in browser.find_element(By.ID, "blas").text
+    assert "used" in browser.find_element(By.ID, "memory-text").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#plot-memory polyline")
+    (REPO / "artifacts").mkdir(exist_ok=True)
+    browser.save_screenshot(str(REPO / "artifacts" / "dashboard.png"))
+
+    row.find_element(By.CSS_SELECTOR, "button.unload").click()
+    wait_for(lambda: model_state(server) != "loaded", what="the model to unload")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'#models tr[data-model="{MODEL_ID}"] button.load'),
+             what="the load button")
+    browser.find_element(By.CSS_SELECTOR, f'#models tr[data-model="{MODEL_ID}"] button.load').click()
+    wait_for(lambda: model_state(server) == "loaded", timeout_s=300, what="the model to load again")
+
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def test_page_needs_the_key(server):
+    r = httpx.get(server.url + "/admin", timeout=30)
+    assert r.status_code == 401
+    assert httpx.get(server.url + "/admin?key=wrong", timeout=30).status_code == 401
+    r = httpx.get(server.url + "/admin", headers=AUTH, timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "<script" in r.text and "http://" not in r.text and "https://" not in r.text  # nothing from outside
