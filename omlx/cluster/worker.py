@@ -10,7 +10,8 @@ Why replay works: mlx-lm's BatchGenerator is deterministic given its calls (``in
 ``next``, ``remove``) and the logits, and every rank gets the same logits (the stage all-sums them
 from the last rank). So every rank's generator holds the same sequences, pads and slices its own
 KV caches the same way, samples the same tokens (same samplers, same PRNG seed) and issues the
-same collectives in the same order. Each ``next`` message carries rank 0's previous tokens; a
+same collectives in the same order (rank 0 gives every unseeded sampled request a seed, so
+sampling uses a per-request key chain, never a process's global PRNG). Each ``next`` message carries rank 0's previous tokens; a
 rank that disagrees stops with an error instead of producing wrong text.
 
 Control message (JSON, broadcast from rank 0 before the call it describes)::
@@ -27,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import time
 from typing import Any
 
@@ -179,8 +181,13 @@ class ClusterEngine(Engine):
         # Watchdog thread: the engine thread is stuck in a collective and cannot be interrupted,
         # so fail its requests from here (sinks are thread-safe) and stop accepting new ones.
         self.mark_lost(error)
+        self._fail_everything(error)
+
+    def _fail_everything(self, error: ClusterUnavailableError) -> None:
+        """Fail every running, starting and waiting request with ``error``."""
         sinks = [st.sink for st in list(self._by_rid.values())]
         self._by_rid.clear()
+        self._by_uid.clear()
         if self._inserting is not None:
             sinks.append(self._inserting)
         for req in self.scheduler.waiting():
@@ -209,6 +216,11 @@ class ClusterEngine(Engine):
         return _ReplicatedGenerator(self, super()._new_generator())
 
     def _insert(self, req: Request, sink: Any) -> None:
+        if not req.sampling.greedy and req.sampling.seed is None:
+            # Unseeded sampling would draw from each process's global PRNG, which the ranks
+            # cannot keep in step (other threads draw from it too): give the request its own
+            # key chain, sent to every rank with the insert.
+            req.sampling = dataclasses.replace(req.sampling, seed=secrets.randbits(63))
         self.pending_sampling = req.sampling
         self._inserting = sink  # not yet in _by_rid: the watchdog must still reach it
         try:
@@ -224,10 +236,7 @@ class ClusterEngine(Engine):
         self.mark_lost(err)
         self.num_batch_failures += 1
         self.last_error = err.message
-        for st in list(self._by_uid.values()):
-            self._by_uid.pop(st.uid, None)
-            self._by_rid.pop(st.request.request_id, None)
-            st.sink(Failed(err))
+        self._fail_everything(err)
         self._stopping = True  # the loop ends; nothing more can run on this group
 
 
