@@ -37,7 +37,7 @@ def worker_command(
     hostfile: Annotated[str, typer.Option(help="Ring hostfile: JSON list, one [\"ip:port\"] per rank.")],
     host: Annotated[Optional[str], typer.Option(help="Rank 0: address to bind (default 127.0.0.1).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Rank 0: HTTP port (default 8000).")] = None,
-    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Seconds a pipeline step (or the ring's start) may block before a peer counts as lost.")] = 30.0,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Seconds one pipeline step (a decode step, or one prefill chunk of up to 2048 tokens), or the ring's start, may block before a peer counts as lost; raise it for slow nodes and long prompts.")] = 30.0,
     max_concurrent_requests: Annotated[int, typer.Option(help="Rank 0: sequences decoded together through the pipeline.")] = 1,
     seed: Annotated[int, typer.Option(help="PRNG seed shared by every rank (sampling must agree).")] = 0,
     base_path: Annotated[Optional[str], typer.Option(help="omlx's home (default ~/.omlx).")] = None,

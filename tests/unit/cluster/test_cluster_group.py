@@ -74,3 +74,17 @@ def test_single_rank_stage_reproduces_the_full_model():
     got = stage(ids, cache=stage.make_cache())
     assert got.shape == want.shape == (1, 1, 49152)
     assert mx.array_equal(got, want).item()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--ranges", "0:15,16:30", "--rank", "0"], "must start at layer 15"),
+    (["--ranges", "0:15,15:30", "--rank", "2"], "outside the 2 ranges"),
+])
+def test_worker_command_refuses_bad_ranges_with_exit_2(tmp_path, argv, words):
+    from typer.testing import CliRunner
+
+    from omlx.cli.cluster_worker import worker_app
+
+    r = CliRunner().invoke(worker_app, ["--model", str(tmp_path), "--hostfile", str(tmp_path / "h.json"), *argv])
+    assert r.exit_code == 2
+    assert words in r.output
