@@ -15,6 +15,7 @@ maps exceptions to responses in one place (`omlx.api.errors`); nothing else buil
     ├── InsufficientMemoryError (507)    a model that cannot fit: carries the numbers
     ├── ModelImportError (500)           a model file or folder that cannot be imported
     ├── PlanError (400)                  a cluster plan that cannot fit
+    ├── ClusterUnavailableError (503)    a pipeline peer is lost or frozen; the workers must restart
     └── EngineError (500)                generation failed for this request only
 """
 
@@ -137,6 +138,16 @@ class PlanError(OmlxError):
     status = 400
     openai_type = "invalid_request_error"
     anthropic_type = "invalid_request_error"
+
+
+class ClusterUnavailableError(OmlxError):
+    """A pipeline rank is lost or frozen (cluster mode): the request cannot run until the node
+    agent re-plans and restarts the workers."""
+
+    status = 503
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+    code = "cluster_unavailable"
 
 
 class EngineError(OmlxError):

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from omlx.cli import cluster_worker
 from omlx.cli.common import config_from, setup_logging
 from omlx.config import ServerConfig
 
@@ -289,3 +290,7 @@ def leave(
     cfg = config_from({"base_path": base_path}, config)
     _ask(cfg, secret, "127.0.0.1", control_port, {"type": "leave"})
     typer.echo("left the cluster")
+
+
+# The pipeline worker of one rank (execution side); started by the node agent's launcher or by hand.
+app.command("worker", hidden=True, help="Run one pipeline rank (rank 0 serves HTTP).")(cluster_worker.worker_command)

@@ -59,3 +59,13 @@ def test_secret_file_is_private(tmp_path: Path) -> None:
     path = tmp_path / "cluster" / "secret"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_text().strip() == "a-good-secret"
     assert resolve_secret(cfg, None) == b"a-good-secret"  # status/leave find it later
+
+
+def test_worker_command_is_registered_and_refuses_a_bad_rank(tmp_path: Path) -> None:
+    # The node agent's launcher runs `omlx cluster worker ...`: the command must exist there.
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text('[["127.0.0.1:5000"], ["127.0.0.1:5001"]]')
+    r = runner.invoke(app, ["cluster", "worker", "--model", str(default_model_dir()), "--ranges", "0:10,10:30",
+                            "--rank", "5", "--hostfile", str(hostfile)])
+    assert r.exit_code != 0
+    assert "rank" in (r.output + str(r.exception)).lower()

@@ -100,3 +100,12 @@ def test_pure_core_has_no_mlx(rel):
     assert path.exists(), f"{rel} is part of DESIGN.md's pure core"
     for name in _imports(path):
         assert name.split(".")[0] not in ("mlx", "numpy", "mlx_lm"), f"{rel} imports {name}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_distributed_stays_in_cluster(path):
+    """Collectives (``mx.distributed``) only in cluster/: everything else is single-process."""
+    rel = str(path.relative_to(PKG))
+    tree = ast.parse(path.read_text(), filename=str(path))
+    uses = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "distributed"]
+    assert not uses or rel.startswith("cluster/"), f"{rel} uses mx.distributed on lines {uses}"

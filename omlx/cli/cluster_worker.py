@@ -1,0 +1,206 @@
+"""`omlx cluster worker` (hidden): run one rank of a pipeline; rank 0 serves the HTTP API.
+
+The node agent starts one worker per node with the same ``--model``, ``--ranges`` and
+``--hostfile`` and that node's ``--rank``. Rank 0 loads its stage, then serves the normal omlx
+API (OpenAI, Anthropic, Responses; ``/health`` shows the pipeline under ``cluster``); the other
+ranks follow rank 0 until it stops or the pipeline breaks. Registered under ``omlx cluster`` by
+``omlx/cli/cluster.py`` as ``worker_command``; also runnable as ``python -m omlx.cli.cluster_worker``.
+
+Exit codes: 0 stopped cleanly, 1 could not start, 2 bad arguments or refused bind,
+3 a peer was lost (``EXIT_PEER_LOST``), 4 the ranks disagreed or a step failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from omlx.cli.common import config_from, setup_logging
+
+logger = logging.getLogger("omlx.cluster.worker")
+
+SERVING_NOTE = ("cluster mode serves requests through one pipeline; requests beyond "
+                "--max-concurrent-requests wait in the queue (default 1: one request at a time)")
+
+
+def worker_command(
+    model: Annotated[str, typer.Option("--model", "-m", help="mlx-lm model folder (the same on every node).")],
+    ranges: Annotated[str, typer.Option(help="Layer ranges per rank, rank 0 first, e.g. 0:15,15:30 (from `omlx cluster plan`).")],
+    rank: Annotated[int, typer.Option(help="This worker's rank (0 serves HTTP).")],
+    hostfile: Annotated[str, typer.Option(help="Ring hostfile: JSON list, one [\"ip:port\"] per rank.")],
+    host: Annotated[Optional[str], typer.Option(help="Rank 0: address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Rank 0: HTTP port (default 8000).")] = None,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Seconds one pipeline step (a decode step, or one prefill chunk of up to 2048 tokens), or the ring's start, may block before a peer counts as lost; raise it for slow nodes and long prompts.")] = 30.0,
+    max_concurrent_requests: Annotated[int, typer.Option(help="Rank 0: sequences decoded together through the pipeline.")] = 1,
+    seed: Annotated[int, typer.Option(help="PRNG seed shared by every rank (sampling must agree).")] = 0,
+    base_path: Annotated[Optional[str], typer.Option(help="omlx's home (default ~/.omlx).")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Rank 0: require this key.")] = None,
+    log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
+) -> None:
+    from omlx.cluster.pipeline import parse_ranges
+
+    try:
+        layer_ranges = parse_ranges(ranges)
+    except ValueError as e:
+        typer.echo(f"omlx: --ranges: {e}", err=True)
+        raise typer.Exit(2) from e
+    if not 0 <= rank < len(layer_ranges):
+        typer.echo(f"omlx: --rank {rank} is outside the {len(layer_ranges)} ranges", err=True)
+        raise typer.Exit(2)
+    cfg = config_from({
+        "host": host, "port": port, "base_path": base_path, "api_key": api_key, "log_level": log_level,
+        "max_concurrent_requests": max_concurrent_requests, "cache.enabled": False,
+    }, None)
+    _reexec_with_blas(cfg.preload_blas)
+    setup_logging(cfg.log_level)
+    code = _run(cfg, Path(model).expanduser(), layer_ranges, rank, hostfile, timeout_s, seed)
+    # As `omlx serve`: leave without interpreter finalization (MLX's threads abort in it).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _reexec_with_blas(enabled: bool) -> None:
+    """As ``omlx serve``: re-run this exact command line with OpenBLAS preloaded (Linux)."""
+    if not enabled or os.environ.get("OMLX_BLAS_REEXEC") == "1":
+        return
+    from omlx.kernels.blas import preload_env
+
+    env = preload_env(dict(os.environ))
+    if env is None:
+        return
+    env["OMLX_BLAS_REEXEC"] = "1"
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str, timeout_s: float, seed: int) -> int:
+    from omlx.cluster.group import init_group
+    from omlx.cluster.pipeline import load_stage, stage_weight_bytes
+    from omlx.cluster.worker import handshake, run_follower
+    from omlx.errors import OmlxError
+
+    if rank == 0:
+        from omlx.api.server import check_bind
+
+        reason = check_bind(cfg)
+        if reason:
+            logger.error("%s", reason)
+            return 2
+    try:
+        group = init_group(hostfile, rank, timeout_s=timeout_s)
+        if group.size != len(layer_ranges):
+            logger.error("--ranges has %d ranges but the hostfile %d ranks", len(layer_ranges), group.size)
+            return 2
+        t0 = time.monotonic()
+        stage, config = load_stage(path, layer_ranges[rank], group.group)
+        logger.info("rank %d: layers [%d, %d) of %s loaded in %.1f s (%.2f GB of weights)", rank,
+                    stage.layer_range.start, stage.layer_range.end, path.name, time.monotonic() - t0,
+                    stage_weight_bytes(stage) / 1e9)
+        facts = handshake(group, stage)
+    except OmlxError as e:
+        logger.error("rank %d cannot start: %s", rank, e.message)
+        return 1
+    if rank > 0:
+        return run_follower(group, stage)
+    return _serve(cfg, path, config, stage, group, layer_ranges, timeout_s, seed, facts)
+
+
+def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any, layer_ranges: list[Any],
+           timeout_s: float, seed: int, facts: list[dict[str, Any]]) -> int:
+    from mlx_lm.utils import load_tokenizer
+
+    from omlx.api.app import create_app
+    from omlx.api.server import make_private_dir, startup_status
+    from omlx.cluster.worker import ClusterEngine
+    from omlx.config import ModelSettings
+    from omlx.engine.factory import PoolEntry, model_formats
+    from omlx.engine.loader import LoadedModel
+    from omlx.errors import OmlxError
+    from omlx.pool import EnginePool
+    from omlx.scheduler import Scheduler
+
+    for d in (cfg.base_dir, cfg.models_dir):
+        make_private_dir(d)
+    model_id = path.name
+    tokenizer = load_tokenizer(path)
+    ctx = int(config.get("max_position_embeddings") or config.get("max_sequence_length") or 8192)
+    loaded = LoadedModel(model_id, path, stage, tokenizer, config, ctx,
+                         tuple(type(c).__name__ for c in stage.make_cache()))
+    state: dict[str, Any] = {
+        "status": "ok",
+        "num_ranks": group.size,
+        "ranges": [[r.start, r.end] for r in layer_ranges],
+        "weight_bytes_per_rank": [int(f["weight_bytes"]) for f in facts],
+        "timeout_s": timeout_s,
+        "max_concurrent_requests": cfg.max_concurrent_requests,
+        "serving": SERVING_NOTE,
+        "prefix_cache": "off in cluster mode (the KV tiers are not split by layer range yet)",
+        "error": None,
+    }
+    # Pinned: the pool must never unload the pipeline (its followers cannot reload it).
+    settings = dataclasses.replace(cfg.model_settings.get(model_id) or ModelSettings(), pin=True, ttl_s=None)
+    cfg = dataclasses.replace(cfg, model_settings={**cfg.model_settings, model_id: settings})
+    made: list[PoolEntry] = []
+
+    def loader(mid: str, p: Path, task: str, s: ModelSettings, warm: bool) -> PoolEntry:
+        if made or mid != model_id:
+            raise OmlxError(f"cluster mode serves only {model_id}, loaded once at start")
+        engine = ClusterEngine(model_id, stage, tokenizer,
+                               scheduler=Scheduler(cfg.max_concurrent_requests, cfg.max_queued_requests),
+                               group=group, timeout_s=timeout_s, state=state, seed=seed,
+                               block_size=cfg.cache.block_size)
+        engine.start()
+        entry = PoolEntry(loaded, engine, "off (cluster mode)", *model_formats(loaded, cfg), settings=s)
+        made.append(entry)
+        if warm:
+            _warm_up(entry)
+        return entry
+
+    status = startup_status(cfg)
+    status["cluster"] = state
+    logger.warning("CLUSTER MODE: %s", SERVING_NOTE)
+    pool = EnginePool(cfg, loader=loader, resolver=lambda mid, src: (path, "chat"))
+    try:
+        pool.register(str(path))
+        pool.preload(warmup=True)
+    except OmlxError as e:
+        logger.error("cannot start: %s", e.message)
+        pool.stop()
+        return 1
+    pool.start_watchdog()
+    app = create_app(cfg, pool, status)
+    logger.info("omlx cluster rank 0 ready on http://%s:%d (model %s over %d ranks: %s)", cfg.host, cfg.port,
+                model_id, group.size, ", ".join(f"[{r.start}, {r.end})" for r in layer_ranges))
+    try:
+        app.run(host=cfg.host, port=cfg.port, single_process=True, motd=False, access_log=False,
+                debug=False, auto_reload=False)
+    finally:
+        pool.stop()
+    return 0
+
+
+def _warm_up(entry: Any) -> None:
+    from omlx.engine.chat import render_prompt
+    from omlx.request import Failed, Request, SamplingParams
+
+    t0 = time.monotonic()
+    ids = render_prompt(entry.loaded.tokenizer, [{"role": "user", "content": "Warm-up: say hello."}]).token_ids
+    evs = entry.engine.run_sync(Request(entry.loaded.model_id, ids, SamplingParams(max_tokens=4, temperature=0.0)), 300)
+    if isinstance(evs[-1], Failed):
+        raise evs[-1].error
+    logger.info("warmed up the pipeline in %.2f s", time.monotonic() - t0)
+
+
+worker_app = typer.Typer(add_completion=False)
+worker_app.command()(worker_command)
+
+if __name__ == "__main__":
+    worker_app()

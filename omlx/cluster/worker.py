@@ -1,0 +1,307 @@
+"""Pipeline workers: rank 0 drives omlx's Engine, the other ranks replay its generator calls.
+
+Owns: the control channel protocol, ``ClusterEngine`` (rank 0: the normal continuous-batching
+Engine whose BatchGenerator calls are first broadcast to the other ranks), ``run_follower``
+(ranks > 0: replay those calls on their own BatchGenerator over their own stage), the start-up
+handshake, and turning a lost peer into ``ClusterUnavailableError``. Must not: speak HTTP (the
+CLI hands rank 0's engine to the normal API app) or choose layer ranges.
+
+Why replay works: mlx-lm's BatchGenerator is deterministic given its calls (``insert_segments``,
+``next``, ``remove``) and the logits, and every rank gets the same logits (the stage all-sums them
+from the last rank). So every rank's generator holds the same sequences, pads and slices its own
+KV caches the same way, samples the same tokens (same samplers, same PRNG seed) and issues the
+same collectives in the same order (rank 0 gives every unseeded sampled request a seed, so
+sampling uses a per-request key chain, never a process's global PRNG). Each ``next`` message carries rank 0's previous tokens; a
+rank that disagrees stops with an error instead of producing wrong text.
+
+Control message (JSON, broadcast from rank 0 before the call it describes)::
+
+    {"op": "hello", "seed", "max_running", "prefill_step_size", "stop_token_ids"}   once
+    {"op": "insert", "segments": [[[ids]]], "max_tokens": [n], "sampling": [SamplingParams]}
+    {"op": "next", "check": [[uid, token], ...]}     tokens rank 0 got from the previous next
+    {"op": "remove", "uids": [...]}
+    {"op": "stop"}                                   rank 0 is shutting down: exit 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import time
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences, generation_stream
+
+from omlx.cluster.group import ClusterGroup, Watchdog, lost_error
+from omlx.cluster.pipeline import StageModel
+from omlx.engine.engine import Engine
+from omlx.engine.sampling import make_processors, make_sampler
+from omlx.errors import ClusterUnavailableError, EngineError
+from omlx.request import Failed, Request, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+EXIT_PEER_LOST = 3
+"""Exit code of a follower whose peer was lost or whose step timed out."""
+EXIT_DESYNC = 4
+"""Exit code of a follower that disagreed with rank 0 or failed a step."""
+
+
+def handshake(group: ClusterGroup, stage: StageModel) -> list[dict[str, Any]]:
+    """Exchange each rank's stage facts and configure the stage; every rank calls it once.
+
+    Raises:
+        ModelImportError: the ranks' ranges do not tile the model in rank order.
+        ClusterUnavailableError: a peer was lost.
+    """
+    group.stream = generation_stream  # control messages queue behind the model's collectives
+    facts = group.gather_messages(stage.local_facts())
+    stage.configure(facts)
+    ends = [(f["start"], f["end"]) for f in facts]
+    for (_, end), (start, _) in zip(ends, ends[1:]):
+        if start != end:
+            from omlx.errors import ModelImportError
+
+            raise ModelImportError(f"ranks' layer ranges {ends} are not contiguous in rank order")
+    return facts
+
+
+def _sampling_from(d: dict[str, Any]) -> SamplingParams:
+    d = dict(d)
+    d["stop"] = tuple(d.get("stop", ()))
+    d["logit_bias"] = tuple(tuple(x) for x in d.get("logit_bias", ()))
+    return SamplingParams(**d)
+
+
+def _generator(stage: StageModel, max_running: int, prefill_step_size: int, stop_token_ids: list[int]) -> BatchGenerator:
+    # Mirrors Engine._new_generator: the followers' generators must be built identically.
+    return BatchGenerator(
+        stage,
+        max_tokens=256,
+        stop_tokens=[(t,) for t in stop_token_ids],
+        completion_batch_size=max_running,
+        prefill_batch_size=max_running,
+        prefill_step_size=prefill_step_size,
+    )
+
+
+class _ReplicatedGenerator:
+    """Rank 0's BatchGenerator: every call is broadcast to the followers, then made locally."""
+
+    def __init__(self, engine: ClusterEngine, gen: BatchGenerator):
+        self._engine = engine
+        self._gen = gen
+        self._last_tokens: list[list[int]] = []
+
+    def _call(self, what: str, message: dict[str, Any], fn: Any) -> Any:
+        eng = self._engine
+        if eng.cluster_error is not None:
+            raise eng.cluster_error
+        with eng.watchdog.step(what):
+            try:
+                eng.group.broadcast_message(message)
+                return fn()
+            except ClusterUnavailableError as e:
+                eng.mark_lost(e)
+                raise
+            except RuntimeError as e:  # "[ring] connection to a peer was lost", raised by mx.eval
+                err = lost_error(eng.group.rank, e)
+                eng.mark_lost(err)
+                raise err from e
+
+    def insert_segments(self, segments: list[list[list[int]]], **kw: Any) -> list[int]:
+        p = self._engine.pending_sampling
+        msg = {"op": "insert", "segments": segments, "max_tokens": kw["max_tokens"],
+               "sampling": [dataclasses.asdict(p)]}
+        return self._call("insert", msg, lambda: self._gen.insert_segments(segments, **kw))
+
+    def next(self) -> Any:
+        msg = {"op": "next", "check": self._last_tokens}
+        prompt_resps, gen_resps = self._call("pipeline step", msg, self._gen.next)
+        self._last_tokens = [[r.uid, int(r.token)] for r in gen_resps]
+        return prompt_resps, gen_resps
+
+    def remove(self, uids: list[int], return_prompt_caches: bool = False) -> Any:
+        msg = {"op": "remove", "uids": list(uids)}
+        return self._call("remove", msg, lambda: self._gen.remove(uids, return_prompt_caches=return_prompt_caches))
+
+
+class ClusterEngine(Engine):
+    """Rank 0's engine: omlx's Engine over a StageModel, its generator replayed on every rank.
+
+    Args:
+        group: the process group (this is rank 0).
+        stage: rank 0's stage.
+        timeout_s: most seconds one step may block before the pipeline counts as lost.
+        state: a dict shown in ``/health`` under ``cluster``; ``error`` is set when lost.
+        Others as ``Engine`` (no prefix cache: the KV tiers are not split by layer range yet).
+    """
+
+    def __init__(self, model_id: str, stage: StageModel, tokenizer: Any, *, scheduler: Any,
+                 group: ClusterGroup, timeout_s: float, state: dict[str, Any], seed: int,
+                 prefill_step_size: int = 2048, block_size: int = 256):
+        super().__init__(model_id, stage, tokenizer, scheduler=scheduler, prefix_cache=None,
+                         block_size=block_size, prefill_step_size=prefill_step_size)
+        self.group = group
+        self.state = state
+        self.cluster_error: ClusterUnavailableError | None = None
+        self.pending_sampling = SamplingParams()
+        self._inserting: Any = None
+        self.watchdog = Watchdog(timeout_s, self._on_timeout, rank=0)
+        mx.random.seed(seed)
+        with self.watchdog.step("hello"):
+            group.broadcast_message({
+                "op": "hello", "seed": seed, "max_running": scheduler.max_running,
+                "prefill_step_size": prefill_step_size,
+                "stop_token_ids": list(tokenizer.eos_token_ids),
+            })
+
+    @property
+    def alive(self) -> bool:
+        return self.cluster_error is None and super().alive
+
+    def submit(self, request: Request, sink: Any) -> None:
+        """As ``Engine.submit``; raises ClusterUnavailableError once the pipeline is lost."""
+        if self.cluster_error is not None:
+            raise self.cluster_error
+        super().submit(request, sink)
+
+    def mark_lost(self, error: ClusterUnavailableError) -> None:
+        """Record the pipeline as lost (sticky): ``/health`` turns 503 and new requests get 503."""
+        if self.cluster_error is None:
+            self.cluster_error = error
+            self.state["error"] = error.message
+            self.state["status"] = "lost"
+            logger.error("%s", error.message)
+
+    def _on_timeout(self, error: ClusterUnavailableError) -> None:
+        # Watchdog thread: the engine thread is stuck in a collective and cannot be interrupted,
+        # so fail its requests from here (sinks are thread-safe) and stop accepting new ones.
+        self.mark_lost(error)
+        self._fail_everything(error)
+
+    def _fail_everything(self, error: ClusterUnavailableError) -> None:
+        """Fail every running, starting and waiting request with ``error``."""
+        sinks = [st.sink for st in list(self._by_rid.values())]
+        self._by_rid.clear()
+        self._by_uid.clear()
+        if self._inserting is not None:
+            sinks.append(self._inserting)
+        for req in self.scheduler.waiting():
+            if self.scheduler.remove_waiting(req.request_id) is not None:
+                sinks.append(self._sinks.pop(req.request_id, None))
+        for sink in sinks:
+            try:
+                if sink is not None:
+                    sink(Failed(error))
+            except RuntimeError:  # the server's event loop is closed: nobody is listening
+                pass
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine, then tell the followers to exit (when the pipeline is still up)."""
+        super().stop(timeout_s)
+        if self.cluster_error is None and (self._thread is None or not self._thread.is_alive()):
+            try:
+                with self.watchdog.step("stop"):
+                    self.group.broadcast_message({"op": "stop"})
+            except ClusterUnavailableError:
+                pass
+
+    # ---- engine thread ----------------------------------------------------------------
+
+    def _new_generator(self) -> Any:
+        return _ReplicatedGenerator(self, super()._new_generator())
+
+    def _insert(self, req: Request, sink: Any) -> None:
+        if not req.sampling.greedy and req.sampling.seed is None:
+            # Unseeded sampling would draw from each process's global PRNG, which the ranks
+            # cannot keep in step (other threads draw from it too): give the request its own
+            # key chain, sent to every rank with the insert.
+            req.sampling = dataclasses.replace(req.sampling, seed=secrets.randbits(63))
+        self.pending_sampling = req.sampling
+        self._inserting = sink  # not yet in _by_rid: the watchdog must still reach it
+        try:
+            super()._insert(req, sink)
+        finally:
+            self._inserting = None
+
+    def _fail_all(self, error: Exception) -> None:
+        # A failed step leaves the ranks' generators out of step: the pipeline is over.
+        err = error if isinstance(error, ClusterUnavailableError) else ClusterUnavailableError(
+            f"cluster rank 0: pipeline step failed ({type(error).__name__}: {error}); "
+            "restart the workers")
+        self.mark_lost(err)
+        self.num_batch_failures += 1
+        self.last_error = err.message
+        self._fail_everything(err)
+        self._stopping = True  # the loop ends; nothing more can run on this group
+
+
+def run_follower(group: ClusterGroup, stage: StageModel) -> int:
+    """Ranks > 0: replay rank 0's generator calls until told to stop or the pipeline breaks.
+
+    Waiting for the next message has no timeout (rank 0 may be idle for hours; its death closes
+    the socket, which MLX reports at once); every call it describes has ``group.timeout_s``.
+
+    Returns:
+        0 after a ``stop`` message. Exits the process with ``EXIT_PEER_LOST`` when a step times
+        out (the thread is stuck in MLX and cannot be unwound).
+    """
+    rank = group.rank
+
+    def on_timeout(error: ClusterUnavailableError) -> None:
+        logger.error("%s", error.message)
+        logging.shutdown()
+        os._exit(EXIT_PEER_LOST)
+
+    watchdog = Watchdog(group.timeout_s, on_timeout, rank=rank)
+    try:
+        hello = group.broadcast_message(None)
+        if hello.get("op") != "hello":
+            raise EngineError(f"rank {rank}: expected hello, got {hello.get('op')!r}")
+        mx.random.seed(int(hello["seed"]))
+        gen = _generator(stage, int(hello["max_running"]), int(hello["prefill_step_size"]),
+                         [int(t) for t in hello["stop_token_ids"]])
+        stop_sequences = StopSequences([(int(t),) for t in hello["stop_token_ids"]])
+        logger.info("rank %d: following rank 0 (layers [%d, %d))", rank, stage.layer_range.start, stage.layer_range.end)
+        mine: dict[int, int] = {}
+        num_steps = 0
+        t0 = time.monotonic()
+        while True:
+            msg = group.broadcast_message(None)
+            op = msg["op"]
+            if op == "stop":
+                logger.info("rank %d: stopping after %d steps in %.0f s", rank, num_steps, time.monotonic() - t0)
+                return 0
+            with watchdog.step(op):
+                try:
+                    if op == "insert":
+                        params = [_sampling_from(d) for d in msg["sampling"]]
+                        gen.insert_segments(
+                            msg["segments"], max_tokens=msg["max_tokens"],
+                            samplers=[make_sampler(p) for p in params],
+                            logits_processors=[make_processors(p) for p in params],
+                            stop_sequences=[stop_sequences for _ in params])
+                    elif op == "next":
+                        theirs = {int(u): int(t) for u, t in msg["check"]}
+                        if theirs != mine:
+                            raise EngineError(f"rank {rank} sampled {mine} where rank 0 sampled {theirs}: "
+                                              "the ranks disagree; stopping the pipeline")
+                        _, gen_resps = gen.next()
+                        mine = {r.uid: int(r.token) for r in gen_resps}
+                        num_steps += 1
+                    elif op == "remove":
+                        gen.remove([int(u) for u in msg["uids"]])
+                    else:
+                        raise EngineError(f"rank {rank}: unknown control op {op!r}")
+                except RuntimeError as e:
+                    raise lost_error(rank, e) from e
+    except ClusterUnavailableError as e:
+        logger.error("%s", e.message)
+        return EXIT_PEER_LOST
+    except Exception:
+        logger.exception("rank %d: pipeline step failed; stopping", rank)
+        return EXIT_DESYNC
