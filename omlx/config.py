@@ -247,6 +247,8 @@ class ServerConfig:
         context_scale_to: when set, the Anthropic API reports token counts scaled by
             ``context_scale_to / model context`` so a client that assumes this larger window
             compacts at the model's real limit; None reports real counts.
+        test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
+            to inject into generation (omlx.engine.faults); None in production.
     """
 
     host: str = "127.0.0.1"
@@ -266,6 +268,7 @@ class ServerConfig:
     context_scale_to: int | None = None
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    test_fault: str | None = None
 
     @property
     def base_dir(self) -> Path:
@@ -303,6 +306,7 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_SSD_WRITE_THROUGH_HITS": "cache.ssd_write_through_hits",
     "OMLX_SSD_WRITE_NEW_BLOCKS": "cache.ssd_write_new_blocks",
     "OMLX_MEMORY_CEILING": "memory.ceiling_bytes",
+    "OMLX_TEST_FAULT": "test_fault",  # test-only fault injection (omlx.engine.faults)
 }
 
 _FILE_KEYS = {

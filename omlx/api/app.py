@@ -59,7 +59,10 @@ def health_report(pool: EnginePool, status: dict[str, Any]) -> tuple[dict[str, A
             "alive": alive,
             "running": st.num_running,
             "waiting": st.num_waiting,
+            "active": e.engine.num_active(),  # requests holding a batch slot on the engine thread
             "batch_failures": e.engine.num_batch_failures,
+            "request_failures": e.engine.num_request_failures,
+            "retried_requests": e.engine.num_retried_requests,
             "prefix_cache": e.cache_note or "on",
         })
     body = {"status": "ok" if ok else "unhealthy", "models": models, **status}
