@@ -14,7 +14,6 @@ from typing import Any
 from sanic import Request as HttpRequest
 from sanic import Sanic
 from sanic import json as json_response
-from sanic.response import empty
 
 from omlx.api import admin as admin_routes
 from omlx.api import anthropic as anthropic_routes
@@ -100,16 +99,14 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
 
     @app.route("/", methods=["GET", "HEAD"])
     async def root(http: HttpRequest):
-        if http.method == "HEAD":
-            return empty(200)
         return json_response({"name": "omlx", "status": "ok", "docs": "/health, /v1/models"})
 
-    @app.get("/health")
+    @app.route("/health", methods=["GET", "HEAD"])
     async def health(http: HttpRequest):
         body, code = health_report(pool, app.ctx.status)
         return json_response(body, status=code)
 
-    @app.get("/v1/cache/stats")
+    @app.route("/v1/cache/stats", methods=["GET", "HEAD"])
     async def cache_stats(http: HttpRequest):
         out = {}
         for e in pool.entries():
@@ -118,6 +115,12 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
             cold = pc.cold_stats() if pc is not None and hasattr(pc, "cold_stats") else None
             out[e.loaded.model_id]["cold"] = cold if cold is not None else {"enabled": False}
         return json_response({"models": out})
+
+    @app.before_server_stop
+    async def _stop_engines(app: Sanic, loop) -> None:
+        # Engines stop while the loop still runs: their last events (a clear "server is
+        # stopping" failure) reach the handlers, and no engine thread calls into a closed loop.
+        await loop.run_in_executor(None, pool.stop)
 
     app.blueprint(openai_routes.bp)
     app.blueprint(anthropic_routes.bp)

@@ -11,7 +11,7 @@ import logging
 
 from sanic import Request as HttpRequest
 from sanic import json as json_response
-from sanic.exceptions import SanicException
+from sanic.exceptions import RequestCancelled, SanicException
 from sanic.handlers import ErrorHandler
 from sanic.response import HTTPResponse
 
@@ -65,6 +65,9 @@ class OmlxErrorHandler(ErrorHandler):
     """Sanic error handler: every error, including Sanic's own, gets the API's JSON shape."""
 
     def default(self, request: HttpRequest, exception: Exception) -> HTTPResponse:
+        if isinstance(exception, RequestCancelled):  # the client went away: routine, not an error
+            logger.info("client disconnected from %s %s before the response; request aborted", request.method, request.path)
+            return json_response({"error": {"message": "client disconnected", "type": "client_closed"}}, status=499)
         if not isinstance(exception, (OmlxError, SanicException)) or getattr(exception, "status_code", 500) >= 500:
             if not isinstance(exception, OmlxError) or exception.status >= 500:
                 logger.exception("unhandled error on %s %s", request.method, request.path, exc_info=exception)

@@ -36,7 +36,14 @@ class EventStream:
         self.engine.submit(self.request, self._sink)
 
     def _sink(self, event: GenerationEvent) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        # Runs on the engine thread. Once the server's loop has closed nobody is listening: the
+        # event has nowhere to go (the server stops engines before that, see api.app).
+        if self._loop.is_closed():
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # closed between the check and the call
+            pass
 
     async def events(self, *, keepalive: bool = True) -> AsyncIterator[Any]:
         """Yield engine events (and KEEPALIVE markers) until Finished or Failed."""

@@ -32,6 +32,7 @@ from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.sampling import make_processors, make_sampler
 from omlx.errors import EngineError
 from omlx.request import (
+    Admitted,
     Failed,
     Finished,
     GenerationEvent,
@@ -470,6 +471,7 @@ class Engine:
         )
         self._by_uid[uid] = st
         self._by_rid[req.request_id] = st
+        sink(Admitted(st.num_cached_tokens, st.num_cached_tokens_cold))
 
     def _logprob(self, st: _Running, token: int, logprobs: mx.array) -> TokenLogprob:
         k = st.request.sampling.top_logprobs
