@@ -21,6 +21,7 @@ from omlx.api import embeddings as embeddings_routes
 from omlx.api import openai as openai_routes
 from omlx.api import responses as responses_routes
 from omlx.api.errors import OmlxErrorHandler, error_response
+from omlx.api.openapi import openapi_document
 from omlx.config import ServerConfig
 from omlx.errors import AuthenticationError
 from omlx.pool import EnginePool
@@ -100,6 +101,10 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     @app.route("/", methods=["GET", "HEAD"])
     async def root(http: HttpRequest):
         return json_response({"name": "omlx", "status": "ok", "docs": "/health, /v1/models"})
+
+    @app.route("/openapi.json", methods=["GET", "HEAD"])
+    async def openapi(http: HttpRequest):
+        return json_response(openapi_document(f"{http.scheme}://{http.host}"))
 
     @app.route("/health", methods=["GET", "HEAD"])
     async def health(http: HttpRequest):
