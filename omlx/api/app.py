@@ -29,6 +29,7 @@ from omlx.pool import EnginePool
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/health", "/")
+MAX_HEADER_BYTES = 16 * 1024  # Sanic's ceiling for REQUEST_MAX_HEADER_SIZE
 
 
 def check_api_key(http: HttpRequest, api_key: str) -> None:
@@ -79,7 +80,7 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     """
     app = Sanic(name, error_handler=OmlxErrorHandler(), configure_logging=False)
     app.config.REQUEST_MAX_SIZE = config.max_body_bytes
-    app.config.REQUEST_MAX_HEADER_SIZE = 64 * 1024
+    app.config.REQUEST_MAX_HEADER_SIZE = MAX_HEADER_BYTES  # larger headers: 431 (api.errors)
     app.config.RESPONSE_TIMEOUT = 3600
     app.config.REQUEST_TIMEOUT = 300
     app.config.KEEP_ALIVE_TIMEOUT = 75
@@ -91,7 +92,9 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
 
     @app.on_request
     async def _auth(http: HttpRequest):
-        if config.api_key and http.path not in OPEN_PATHS:
+        # method NONE: Sanic's stand-in for a request it could not read (headers too large);
+        # its error response holds nothing to protect and the key could not be read anyway.
+        if config.api_key and http.path not in OPEN_PATHS and http.method != "NONE":
             try:
                 check_api_key(http, config.api_key)
             except AuthenticationError as e:

@@ -37,6 +37,10 @@ def to_omlx_error(exc: BaseException) -> OmlxError:
     if isinstance(exc, SanicException):
         status = getattr(exc, "status_code", 500) or 500
         msg = str(exc) or type(exc).__name__
+        if status == 413 and "header" in msg.lower():  # Sanic reports oversized headers as 413
+            err = InvalidRequestError(f"request headers too large: {msg} (at most 16384 bytes)")
+            err.status = 431
+            return err
         if status == 413:
             return PayloadTooLargeError(f"request body too large: {msg}")
         if status == 404:

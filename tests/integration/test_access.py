@@ -42,7 +42,7 @@ def server(tmp_path_factory):
     ({"authorization": f"bearer {KEY}"}, True),
     ({"x-api-key": KEY}, True),
     ({}, False),
-    ({"Authorization": "Bearer "}, False),
+    ({"Authorization": "Bearer"}, False),
     ({"Authorization": f"Bearer {KEY}x"}, False),
     ({"Authorization": f"Bearer {KEY[:-1]}"}, False),
     ({"Authorization": KEY}, False),
@@ -170,7 +170,7 @@ def test_body_over_the_limit_is_413_in_the_routes_shape(server, path, anthropic)
 
 
 def test_headers_over_the_limit_are_431_in_our_shape(server):
-    r = httpx.get(server.url + "/v1/models", headers={**AUTH, "x-pad": "a" * (80 * 1024)}, timeout=30)
+    r = httpx.get(server.url + "/v1/models", headers={**AUTH, "x-pad": "a" * (20 * 1024)}, timeout=30)
     assert r.status_code == 431, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
@@ -195,7 +195,7 @@ def test_default_bind_is_loopback():
 def test_non_loopback_bind_without_key_is_refused(tmp_path, host):
     r = _serve("--host", host, "--port", str(free_port()), "--base-path", str(tmp_path))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert f"refusing to bind {host} without an API key" in r.stdout + r.stderr
+    assert f"refusing to bind {host} without an API key" in " ".join((r.stdout + r.stderr).split())
 
 
 def test_busy_port_is_refused_with_a_clear_message(tmp_path):
@@ -205,4 +205,4 @@ def test_busy_port_is_refused_with_a_clear_message(tmp_path):
         port = s.getsockname()[1]
         r = _serve("--port", str(port), "--base-path", str(tmp_path))
     assert r.returncode == 2, r.stdout + r.stderr
-    assert f"port {port} on 127.0.0.1 is already in use; pick another with --port" in r.stdout + r.stderr
+    assert f"port {port} on 127.0.0.1 is already in use; pick another with --port" in " ".join((r.stdout + r.stderr).split())
