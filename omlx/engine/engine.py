@@ -232,6 +232,16 @@ class Engine:
                 otherwise the request ends with ``Failed(error)`` so its client learns why
                 (memory limit reached, model unloaded).
         """
+        # A waiting request leaves the queue now, so its place is free for the next request at
+        # once (a client that drops a queued request and retries must not meet a 429 from its
+        # own ghost); a running one is removed from the batch by the engine thread.
+        req = self.scheduler.remove_waiting(request_id)
+        sink = self._sinks.pop(request_id, None) if req is not None else None
+        if req is not None:
+            if sink is not None:
+                sink(Finished("abort", Usage(req.num_prompt_tokens, 0)) if error is None else Failed(error))
+            return
+        self.scheduler.mark_aborting(request_id)
         self._aborts.put((request_id, error))
         self._wake.set()
 
