@@ -24,7 +24,6 @@ from typing import Any, Callable, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
-
 from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor

@@ -10,12 +10,13 @@ TTFT and throughput figures come from benchmarks/bench_load.py, not from here.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
 import pytest
 
-from tests.helpers import MODEL_ID, ServerProcess
+from tests.helpers import MODEL_ID, TEST_HOME, ServerProcess
 from tests.loadgen import burst, run_load
 
 MAX_RUNNING = 8
@@ -56,6 +57,9 @@ def _run(server, duration_s: float, max_tokens: tuple[int, int]):
     assert rep.num_errors == 0, rep.errors
     assert rep.num_rejected == 0  # the queue holds all 64 clients
     assert rep.num_completed > 0 and rep.num_disconnected > 0, rep
+    out = TEST_HOME / "reliability"  # counts for docs/RELIABILITY.md (times: benchmarks/bench_load.py)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"load-{int(duration_s)}s.json").write_text(json.dumps(rep.as_dict(), indent=1))
     return rep
 
 
