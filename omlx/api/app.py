@@ -6,6 +6,7 @@ nothing itself, so the server only listens once every model is loaded and warmed
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -125,10 +126,10 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
         return json_response({"models": out})
 
     @app.before_server_stop
-    async def _stop_engines(app: Sanic, loop) -> None:
+    async def _stop_engines(app: Sanic) -> None:
         # Engines stop while the loop still runs: their last events (a clear "server is
         # stopping" failure) reach the handlers, and no engine thread calls into a closed loop.
-        await loop.run_in_executor(None, pool.stop)
+        await asyncio.get_running_loop().run_in_executor(None, pool.stop)
 
     app.blueprint(openai_routes.bp)
     app.blueprint(anthropic_routes.bp)
