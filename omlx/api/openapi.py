@@ -188,8 +188,9 @@ def _errors(anthropic: bool = False) -> dict[str, Any]:
 def _op(summary: str, *, body: str | None = None, anthropic: bool = False, stream: bool = False,
         params: list[str] = (), tag: str = "") -> dict[str, Any]:
     ok: dict[str, Any] = {"application/json": {"schema": _OBJ}}
-    if stream:
-        ok["text/event-stream"] = {"schema": _STR}
+    if stream:  # each Server-Sent Event: optional ``event`` name, JSON text in ``data``
+        ok["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
+                                              "properties": {"event": _STR, "data": _STR}}}
     op: dict[str, Any] = {"summary": summary, "tags": [tag] if tag else [],
                           "responses": {"200": {"description": "success", "content": ok}, **_errors(anthropic)}}
     if body:
