@@ -283,6 +283,8 @@ class ServerConfig:
         context_scale_to: when set, the Anthropic API reports token counts scaled by
             ``context_scale_to / model context`` so a client that assumes this larger window
             compacts at the model's real limit; None reports real counts.
+        test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
+            to inject into generation (omlx.engine.faults); None in production.
     """
 
     host: str = "127.0.0.1"
@@ -303,6 +305,7 @@ class ServerConfig:
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    test_fault: str | None = None
 
     @property
     def base_dir(self) -> Path:
@@ -342,6 +345,7 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_MEMORY_CEILING": "memory.ceiling_bytes",
     "OMLX_CLUSTER_SECRET": "cluster.secret",
     "OMLX_CLUSTER_PEERS": "cluster.peers",
+    "OMLX_TEST_FAULT": "test_fault",  # test-only fault injection (omlx.engine.faults)
 }
 
 _FILE_KEYS = {

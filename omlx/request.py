@@ -112,6 +112,17 @@ class PrefillProgress:
 
 
 @dataclass(slots=True)
+class Admitted:
+    """Emitted once when the request joins the batch: how much of its prompt the KV cache held.
+
+    These are the numbers its final `Usage` reports, so a stream's first event can carry them.
+    """
+
+    num_cached_tokens: int
+    num_cached_tokens_cold: int = 0
+
+
+@dataclass(slots=True)
 class TextDelta:
     """New output text (never splits a UTF-8 code point; stop strings are withheld).
 
@@ -161,4 +172,4 @@ class Failed:
     error: Exception
 
 
-GenerationEvent = PrefillProgress | TextDelta | Finished | Failed
+GenerationEvent = Admitted | PrefillProgress | TextDelta | Finished | Failed

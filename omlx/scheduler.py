@@ -38,6 +38,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._waiting: OrderedDict[str, Request] = OrderedDict()
         self._running: dict[str, Request] = {}
+        self._aborting: set[str] = set()  # running, aborted, not yet out of the batch
 
     def add(self, request: Request) -> None:
         """Queue a request.
@@ -46,7 +47,9 @@ class Scheduler:
             RateLimitError: when ``max_waiting`` requests already wait (carries retry-after).
         """
         with self._lock:
-            if len(self._waiting) + len(self._running) >= self.max_running + self.max_waiting:
+            # an aborted request still in the batch (its client is gone) holds no place in line
+            num_held = len(self._waiting) + len(self._running) - len(self._aborting)
+            if num_held >= self.max_running + self.max_waiting:
                 raise RateLimitError(
                     f"server busy: {len(self._running)} requests running and "
                     f"{len(self._waiting)} waiting (max {self.max_waiting}); retry later",
@@ -66,9 +69,19 @@ class Scheduler:
                 out.append(req)
         return out
 
+    def mark_aborting(self, request_id: str) -> bool:
+        """A running request was aborted; until `finish` frees its slot it no longer counts
+        against the queue bound of `add`. Returns False when it is not running."""
+        with self._lock:
+            if request_id not in self._running:
+                return False
+            self._aborting.add(request_id)
+            return True
+
     def finish(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED) -> Request | None:
         """Free a running request's slot. Returns the request, or None if it was not running."""
         with self._lock:
+            self._aborting.discard(request_id)
             req = self._running.pop(request_id, None)
             if req is not None:
                 req.status = status

@@ -37,10 +37,12 @@ class ServerProcess:
         args: extra CLI arguments.
         base_path: omlx home; defaults to the shared test home (models imported once).
         env: extra environment variables.
+        prefix: a command the server runs under (e.g. ``unshare -m ...`` for a private mount).
     """
 
     def __init__(self, args: list[str] | None = None, base_path: Path | None = None,
-                 env: dict[str, str] | None = None, port: int | None = None):
+                 env: dict[str, str] | None = None, port: int | None = None, prefix: list[str] | None = None):
+        self.prefix = prefix or []
         self.port = port or free_port()
         self.base_path = base_path or TEST_HOME
         self.args = args or []
@@ -63,7 +65,7 @@ class ServerProcess:
             if not models.exists():
                 models.symlink_to(TEST_HOME / "models", target_is_directory=True)
         self._log = open(self.log_path, "w")
-        cmd = [sys.executable, "-m", "omlx", "serve", "--port", str(self.port),
+        cmd = [*self.prefix, sys.executable, "-m", "omlx", "serve", "--port", str(self.port),
                "--base-path", str(self.base_path), *self.args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)

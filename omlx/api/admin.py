@@ -36,7 +36,7 @@ def _pool(http: HttpRequest) -> EnginePool:
     return http.app.ctx.pool
 
 
-@bp.get("/models/status")
+@bp.route("/models/status", methods=["GET", "HEAD"])  # HEAD: the GET without its body
 async def models_status(http: HttpRequest):
     """Memory figures (ceiling, watermarks, measured use), every known model, recent events."""
     return json_response(_pool(http).status())

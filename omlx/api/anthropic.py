@@ -34,12 +34,12 @@ from sanic import json as json_response
 
 from omlx.api.anthropic_framing import MessageBuilder, SseEvent, scale_tokens, to_sse
 from omlx.api.params import get_bool, get_float, get_int, get_list, get_str, parse_json_object
-from omlx.api.sse import KEEPALIVE, SSE_HEADERS, EventStream
+from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
 from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta
 from omlx.engine.chat import RenderedPrompt, render_prompt
 from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
 from omlx.pool import PoolEntry
-from omlx.request import Failed, Finished, Request, SamplingParams
+from omlx.request import Admitted, Failed, Finished, Request, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -439,10 +439,18 @@ async def _collect(turn: ModelTurn, builder: MessageBuilder):
 
 async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
     resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
-    await resp.send(to_sse(builder.start()))
+    started = False  # message_start waits for Admitted, so its usage knows the cache hit
     try:
-        async for ev in turn.events():
+        async for ev in turn.events(admitted=True):
+            if not started and ev is not KEEPALIVE:
+                started = True
+                await resp.send(to_sse(builder.start(ev.num_cached_tokens if isinstance(ev, Admitted) else 0)))
+            if isinstance(ev, Admitted):
+                continue
             if ev is KEEPALIVE:
+                if not started:  # still queued: a comment keeps the connection alive
+                    await resp.send(SSE_COMMENT_KEEPALIVE)
+                    continue
                 out = [builder.ping()]
             elif isinstance(ev, Failed):
                 out = builder.fail(ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error)))
@@ -457,6 +465,8 @@ async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
             raise
         logger.exception("stream of %s failed", builder.message["id"])
         err = e if isinstance(e, OmlxError) else EngineError(f"internal error: {type(e).__name__}: {e}")
+        if not started:
+            await resp.send(to_sse(builder.start()))
         await resp.send(to_sse(builder.fail(err)))
     await resp.eof()
     return None

@@ -108,6 +108,7 @@ class MessageBuilder:
                  max_tool_calls: int | None = None, message_id: str | None = None):
         self.scale = scale
         self.max_tool_calls = max_tool_calls
+        self.num_input_tokens = num_input_tokens
         self.message: dict[str, Any] = {
             "id": message_id or new_message_id(),
             "type": "message",
@@ -135,8 +136,17 @@ class MessageBuilder:
     def content(self) -> list[dict[str, Any]]:
         return self.message["content"]
 
-    def start(self) -> list[SseEvent]:
-        """``message_start`` (a copy of the empty Message)."""
+    def start(self, num_cached_tokens: int = 0) -> list[SseEvent]:
+        """``message_start`` (a copy of the empty Message).
+
+        Args:
+            num_cached_tokens: the prompt tokens read from the KV cache (the engine's `Admitted`
+                event); its usage then splits input and cache-read tokens exactly as the final
+                ``message_delta`` and the non-streaming Message do.
+        """
+        cached = min(num_cached_tokens, self.num_input_tokens)
+        self.message["usage"].update(input_tokens=scale_tokens(self.num_input_tokens - cached, self.scale),
+                                     cache_read_input_tokens=scale_tokens(cached, self.scale))
         msg = {**self.message, "content": [], "usage": dict(self.message["usage"])}
         return [("message_start", {"type": "message_start", "message": msg})]
 

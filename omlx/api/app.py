@@ -6,6 +6,7 @@ nothing itself, so the server only listens once every model is loaded and warmed
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -14,7 +15,6 @@ from typing import Any
 from sanic import Request as HttpRequest
 from sanic import Sanic
 from sanic import json as json_response
-from sanic.response import empty
 
 from omlx.api import admin as admin_routes
 from omlx.api import anthropic as anthropic_routes
@@ -24,6 +24,7 @@ from omlx.api import openai as openai_routes
 from omlx.api import responses as responses_routes
 from omlx.api.errors import OmlxErrorHandler, error_response
 from omlx.api.metrics import Metrics
+from omlx.api.openapi import openapi_document
 from omlx.config import ServerConfig
 from omlx.errors import AuthenticationError
 from omlx.pool import EnginePool
@@ -31,6 +32,7 @@ from omlx.pool import EnginePool
 logger = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/health", "/")
+MAX_HEADER_BYTES = 16 * 1024  # Sanic's ceiling for REQUEST_MAX_HEADER_SIZE
 
 
 def check_api_key(http: HttpRequest, api_key: str) -> None:
@@ -65,7 +67,10 @@ def health_report(pool: EnginePool, status: dict[str, Any]) -> tuple[dict[str, A
             "alive": alive,
             "running": st.num_running,
             "waiting": st.num_waiting,
+            "active": e.engine.num_active(),  # requests holding a batch slot on the engine thread
             "batch_failures": e.engine.num_batch_failures,
+            "request_failures": e.engine.num_request_failures,
+            "retried_requests": e.engine.num_retried_requests,
             "prefix_cache": e.cache_note or "on",
         })
     body = {"status": "ok" if ok else "unhealthy", "models": models, **status}
@@ -82,7 +87,7 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     """
     app = Sanic(name, error_handler=OmlxErrorHandler(), configure_logging=False)
     app.config.REQUEST_MAX_SIZE = config.max_body_bytes
-    app.config.REQUEST_MAX_HEADER_SIZE = 64 * 1024
+    app.config.REQUEST_MAX_HEADER_SIZE = MAX_HEADER_BYTES  # larger headers: 431 (api.errors)
     app.config.RESPONSE_TIMEOUT = 3600
     app.config.REQUEST_TIMEOUT = 300
     app.config.KEEP_ALIVE_TIMEOUT = 75
@@ -95,7 +100,9 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
 
     @app.on_request
     async def _auth(http: HttpRequest):
-        if config.api_key and http.path not in OPEN_PATHS:
+        # method NONE: Sanic's stand-in for a request it could not read (headers too large);
+        # its error response holds nothing to protect and the key could not be read anyway.
+        if config.api_key and http.path not in OPEN_PATHS and http.method != "NONE":
             try:
                 check_api_key(http, config.api_key)
             except AuthenticationError as e:
@@ -104,16 +111,18 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
 
     @app.route("/", methods=["GET", "HEAD"])
     async def root(http: HttpRequest):
-        if http.method == "HEAD":
-            return empty(200)
         return json_response({"name": "omlx", "status": "ok", "docs": "/health, /v1/models"})
 
-    @app.get("/health")
+    @app.route("/openapi.json", methods=["GET", "HEAD"])
+    async def openapi(http: HttpRequest):
+        return json_response(openapi_document(f"{http.scheme}://{http.host}"))
+
+    @app.route("/health", methods=["GET", "HEAD"])
     async def health(http: HttpRequest):
         body, code = health_report(pool, app.ctx.status)
         return json_response(body, status=code)
 
-    @app.get("/v1/cache/stats")
+    @app.route("/v1/cache/stats", methods=["GET", "HEAD"])
     async def cache_stats(http: HttpRequest):
         out = {}
         for e in pool.entries():
@@ -122,6 +131,12 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
             cold = pc.cold_stats() if pc is not None and hasattr(pc, "cold_stats") else None
             out[e.loaded.model_id]["cold"] = cold if cold is not None else {"enabled": False}
         return json_response({"models": out})
+
+    @app.before_server_stop
+    async def _stop_engines(app: Sanic) -> None:
+        # Engines stop while the loop still runs: their last events (a clear "server is
+        # stopping" failure) reach the handlers, and no engine thread calls into a closed loop.
+        await asyncio.get_running_loop().run_in_executor(None, pool.stop)
 
     app.blueprint(openai_routes.bp)
     app.blueprint(anthropic_routes.bp)

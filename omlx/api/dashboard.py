@@ -31,13 +31,13 @@ def _page() -> str:
     return resources.files("omlx.api").joinpath("static/admin.html").read_text(encoding="utf-8")
 
 
-@bp.get("/admin")
+@bp.route("/admin", methods=["GET", "HEAD"])  # HEAD: the GET without its body
 async def admin_page(http: HttpRequest):
     """The dashboard page (text/html)."""
     return html(_page(), headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
 
 
-@bp.get("/v1/admin/recent")
+@bp.route("/v1/admin/recent", methods=["GET", "HEAD"])
 async def recent_requests(http: HttpRequest):
     """The newest finished generation requests (``?limit=``, 1..200, default 50), newest first."""
     limit = get_int({k: _int_arg(v) for k, v in http.args.items()}, "limit", 50, lo=1, hi=200)
@@ -52,7 +52,7 @@ def _int_arg(values: list[str]) -> int | str:
         return v  # get_int names the bad value in a 400
 
 
-@bp.get("/metrics")
+@bp.route("/metrics", methods=["GET", "HEAD"])
 async def metrics(http: HttpRequest):
     """Prometheus text exposition of every omlx metric."""
     return raw(http.app.ctx.metrics.exposition(), content_type=CONTENT_TYPE)

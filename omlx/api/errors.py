@@ -11,7 +11,7 @@ import logging
 
 from sanic import Request as HttpRequest
 from sanic import json as json_response
-from sanic.exceptions import SanicException
+from sanic.exceptions import RequestCancelled, SanicException
 from sanic.handlers import ErrorHandler
 from sanic.response import HTTPResponse
 
@@ -37,6 +37,10 @@ def to_omlx_error(exc: BaseException) -> OmlxError:
     if isinstance(exc, SanicException):
         status = getattr(exc, "status_code", 500) or 500
         msg = str(exc) or type(exc).__name__
+        if status == 413 and "header" in msg.lower():  # Sanic reports oversized headers as 413
+            err = InvalidRequestError(f"request headers too large: {msg} (at most 16384 bytes)")
+            err.status = 431
+            return err
         if status == 413:
             return PayloadTooLargeError(f"request body too large: {msg}")
         if status == 404:
@@ -65,6 +69,9 @@ class OmlxErrorHandler(ErrorHandler):
     """Sanic error handler: every error, including Sanic's own, gets the API's JSON shape."""
 
     def default(self, request: HttpRequest, exception: Exception) -> HTTPResponse:
+        if isinstance(exception, RequestCancelled):  # the client went away: routine, not an error
+            logger.info("client disconnected from %s %s before the response; request aborted", request.method, request.path)
+            return json_response({"error": {"message": "client disconnected", "type": "client_closed"}}, status=499)
         if not isinstance(exception, (OmlxError, SanicException)) or getattr(exception, "status_code", 500) >= 500:
             if not isinstance(exception, OmlxError) or exception.status >= 500:
                 logger.exception("unhandled error on %s %s", request.method, request.path, exc_info=exception)

@@ -100,7 +100,7 @@ def sampling_from_openai(body: dict[str, Any], entry: PoolEntry, num_prompt_toke
         top_k=get_int(body, "top_k", _or(d.default_top_k, 0), lo=0),
         min_p=get_float(body, "min_p", _or(d.default_min_p, 0.0), lo=0.0, hi=1.0),
         seed=seed,
-        stop=get_stop(body),
+        stop=get_stop(body, max_items=4),  # OpenAI: "Up to 4 sequences"
         presence_penalty=get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
         frequency_penalty=get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
         repetition_penalty=get_float(body, "repetition_penalty", _or(d.default_repetition_penalty, 1.0), lo=0.01, hi=10.0),
@@ -127,6 +127,31 @@ def validate_tools(tools: list[Any] | None, param: str = "tools") -> list[dict[s
     return tools
 
 
+def validate_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
+    """OpenAI ``tool_choice``: ``none``/``auto``/``required`` or ``{"type": "function",
+    "function": {"name": N}}`` where N is one of ``tools``; anything but ``none`` needs tools.
+
+    Raises:
+        InvalidRequestError: a bad value, a name not in ``tools``, or a choice without tools.
+    """
+    if choice is None:
+        return None
+    if not (choice in ("none", "auto", "required") or isinstance(choice, dict)):
+        raise InvalidRequestError("'tool_choice' must be 'none', 'auto', 'required' or an object", param="tool_choice")
+    if choice == "none":
+        return choice
+    if not tools:
+        raise InvalidRequestError("'tool_choice' is only allowed when 'tools' are given", param="tool_choice")
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise InvalidRequestError("'tool_choice' object must be {'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise InvalidRequestError(f"'tool_choice' names function {name!r}, which is not in 'tools'", param="tool_choice.function.name")
+    return choice
+
+
 def _validate_messages(messages: list[Any]) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(messages):
@@ -138,6 +163,9 @@ def _validate_messages(messages: list[Any]) -> list[dict[str, Any]]:
         c = m.get("content")
         if c is not None and not isinstance(c, (str, list)):
             raise InvalidRequestError(f"messages[{i}].content must be a string or an array of parts", param=f"messages[{i}].content")
+        if c is None and not (role == "assistant" and m.get("tool_calls")):  # OpenAI: required unless tool_calls
+            raise InvalidRequestError(f"messages[{i}].content is required (null only for an assistant message with tool_calls)",
+                                      param=f"messages[{i}].content")
         out.append(m)
     return out
 
@@ -163,9 +191,7 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
     if chat:
         messages = _validate_messages(get_list(body, "messages", non_empty=True))
         tools = validate_tools(get_list(body, "tools", None))
-        tool_choice = body.get("tool_choice")
-        if tool_choice is not None and not (tool_choice in ("none", "auto", "required") or isinstance(tool_choice, dict)):
-            raise InvalidRequestError("'tool_choice' must be 'none', 'auto', 'required' or an object", param="tool_choice")
+        tool_choice = validate_tool_choice(body.get("tool_choice"), tools)
         ctk = body.get("chat_template_kwargs")
         if ctk is not None and not isinstance(ctk, dict):
             raise InvalidRequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
@@ -205,7 +231,7 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
     return _Prepared(entry, req, model_name, stream, include_usage, parse_tools, think, in_reasoning)
 
 
-@bp.get("/models")
+@bp.route("/models", methods=["GET", "HEAD"])  # HEAD: the GET without its body
 async def list_models(http: HttpRequest):
     if anthropic_routes.wants_anthropic_shape(http):  # one route, both SDKs' shapes
         return json_response(anthropic_routes.models_list_json(http.app.ctx.pool.listed_ids(), http.app.ctx.started_at))
@@ -214,7 +240,7 @@ async def list_models(http: HttpRequest):
     return json_response({"object": "list", "data": data})
 
 
-@bp.get("/models/<model_id:path>")
+@bp.route("/models/<model_id:path>", methods=["GET", "HEAD"])  # HEAD: the GET without its body
 async def get_model(http: HttpRequest, model_id: str):
     model_id = unquote(model_id)  # SDKs percent-encode ids such as "org/model"
     http.app.ctx.pool.resolve_id(model_id)

@@ -180,6 +180,9 @@ def _choose_tools(chat_tools: list[dict[str, Any]], choice: Any) -> list[dict[st
         raise InvalidRequestError("'tool_choice' must be 'none', 'auto', 'required' or an object", param="tool_choice")
     if choice.get("type") == "function":
         wanted = {choice.get("name")}
+        if choice.get("name") not in {t["function"]["name"] for t in chat_tools}:
+            raise InvalidRequestError(f"'tool_choice' names function {choice.get('name')!r}, which is not in 'tools'",
+                                      param="tool_choice.name")
     elif choice.get("type") == "allowed_tools":
         wanted = {t.get("name") for t in choice.get("tools") or [] if isinstance(t, dict)}
     else:  # a hosted tool (web_search, ...) that is not here
@@ -480,7 +483,7 @@ async def count_input_tokens(http: HttpRequest):
     return json_response({"object": "response.input_tokens", "input_tokens": p.request.num_prompt_tokens})
 
 
-@bp.get("/responses")
+@bp.route("/responses", methods=["GET", "HEAD"])  # HEAD: the GET without its body
 async def responses_get(http: HttpRequest):
     # Codex's built-in provider tries a WebSocket first; 426 makes it fall back to HTTP POST.
     if http.headers.get("upgrade", "").lower() == "websocket":
@@ -492,7 +495,7 @@ async def responses_get(http: HttpRequest):
     raise err
 
 
-@bp.get("/responses/<response_id>")
+@bp.route("/responses/<response_id>", methods=["GET", "HEAD"])  # HEAD: the GET without its body
 async def retrieve_response(http: HttpRequest, response_id: str):
     return json_response(_stored(http, response_id)[0])
 
@@ -504,7 +507,7 @@ async def delete_response(http: HttpRequest, response_id: str):
     return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
-@bp.get("/responses/<response_id>/input_items")
+@bp.route("/responses/<response_id>/input_items", methods=["GET", "HEAD"])  # HEAD: the GET without its body
 async def list_input_items(http: HttpRequest, response_id: str):
     items = _stored(http, response_id)[1]
     order = http.args.get("order", "desc")

@@ -94,7 +94,7 @@ def run_server(cfg: ServerConfig) -> int:
     if reason:
         logger.error("%s", reason)
         return 2
-    for d in (cfg.base_dir, cfg.models_dir):
+    for d in (cfg.base_dir, cfg.models_dir, cfg.ssd_cache_dir):  # config, models, KV cache: this user only
         make_private_dir(d)
     status = startup_status(cfg)
 

@@ -46,7 +46,14 @@ class EventStream:
                 self.observer(self.engine.model_id, self.request, event)
             except Exception:  # a metrics fault must never cost the request its answer
                 logger.exception("metrics observer failed for %s", self.request.request_id)
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        # Runs on the engine thread. Once the server's loop has closed nobody is listening: the
+        # event has nowhere to go (the server stops engines before that, see api.app).
+        if self._loop.is_closed():
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # closed between the check and the call
+            pass
 
     async def events(self, *, keepalive: bool = True) -> AsyncIterator[Any]:
         """Yield engine events (and KEEPALIVE markers) until Finished or Failed."""

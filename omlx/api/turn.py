@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from omlx.api.sse import KEEPALIVE, EventStream
-from omlx.request import Failed, Finished, TextDelta, TokenLogprob
+from omlx.request import Admitted, Failed, Finished, TextDelta, TokenLogprob
 from omlx.tool_parsers import StreamingToolParser, ToolCall, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from omlx.tool_parsers import TextDelta as ToolText
 
@@ -148,11 +148,17 @@ class ModelTurn:
             out += self._map_tool_events(self.parser.finish())
         return out
 
-    async def events(self, *, keepalive: bool = True) -> AsyncIterator[Any]:
-        """Yield KEEPALIVE, ContentDelta, ReasoningDelta, ToolCall* events, then Finished or Failed."""
+    async def events(self, *, keepalive: bool = True, admitted: bool = False) -> AsyncIterator[Any]:
+        """Yield KEEPALIVE, ContentDelta, ReasoningDelta, ToolCall* events, then Finished or Failed.
+
+        With ``admitted``, the engine's `Admitted` event (the prefix-cache hit) is passed on too.
+        """
         async for ev in self.stream.events(keepalive=keepalive):
             if ev is KEEPALIVE:
                 yield ev
+            elif isinstance(ev, Admitted):
+                if admitted:
+                    yield ev
             elif isinstance(ev, TextDelta):
                 for out in self._split(ev.text, ev.logprobs, final=False):
                     yield out

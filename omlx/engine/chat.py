@@ -97,7 +97,9 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 system_parts.append(text)
         else:
             mm = dict(m)
-            if not isinstance(mm.get("content"), str) and mm.get("content") is not None:
+            if mm.get("content") is None:  # else a template prints "None" into the prompt
+                mm["content"] = ""
+            elif not isinstance(mm.get("content"), str):
                 mm["content"] = content_text(mm.get("content"))
             if mm.get("tool_calls"):
                 mm["tool_calls"] = [_template_tool_call(c) for c in mm["tool_calls"]]

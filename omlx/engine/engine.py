@@ -3,8 +3,12 @@
 The engine turns `Request`s into typed `GenerationEvent`s delivered to a per-request sink (the
 API layer's asyncio queue). It owns: admission through the `Scheduler`, prompt segmentation at
 KV-block boundaries, the prefix-cache lease of each request, detokenization and stop strings,
-logprobs, aborts, and failure isolation (a failing batch step fails the requests in it, never
-the thread). It must not: speak HTTP, read config files, or know about API shapes.
+logprobs, aborts, and failure isolation: per-request work (logits processors, non-greedy
+samplers, detokenization, stop strings) runs guarded, so its exception fails that request only;
+an exception from the batched forward pass cannot be attributed, so the batch is rebuilt and
+its requests are retried from where they were (each at most ``MAX_STEP_RETRIES`` times). The
+thread never dies of a request. It must not: speak HTTP, read config files, or know about API
+shapes.
 
 MLX belongs to this one thread (STYLE.md habit 10): every mlx call on the model happens here.
 """
@@ -20,11 +24,14 @@ from typing import Any, Callable, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.sample_utils import greedy_sampler
 
+from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor
 from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.sampling import make_processors, make_sampler
 from omlx.errors import EngineError
 from omlx.request import (
+    Admitted,
     Failed,
     Finished,
     GenerationEvent,
@@ -40,6 +47,9 @@ from omlx.scheduler import Scheduler
 logger = logging.getLogger(__name__)
 
 Sink = Callable[[GenerationEvent], None]
+
+#: How many failed batch steps one request survives (its batch is rebuilt and it is retried).
+MAX_STEP_RETRIES = 2
 
 
 class PrefixLease(Protocol):
@@ -81,6 +91,38 @@ class _Running:
     # Log-probabilities of the first output token when no processor changed them: kept with
     # the prompt's KV so a repeat of the prompt samples its first token without a forward pass.
     first_logprobs: Any = None
+    sampler: Any = None
+    processors: list[Any] = field(default_factory=list)
+    generated_ids: list[int] = field(default_factory=list)  # kept so a retry can resume
+    num_retries: int = 0
+
+
+def _guard_processor(rid: str, proc: Any, faults: dict[str, Exception]) -> Any:
+    """A logits processor whose exception is recorded against request ``rid`` (logits pass through)."""
+
+    def guarded(tokens: mx.array, logits: mx.array) -> mx.array:
+        try:
+            return proc(tokens, logits)
+        except Exception as e:  # attributed: only this request fails, after the step
+            faults.setdefault(rid, e)
+            return logits
+
+    return guarded
+
+
+def _guard_sampler(rid: str, sampler: Any, faults: dict[str, Exception]) -> Any:
+    """A per-request sampler whose exception is recorded against ``rid`` (argmax stands in)."""
+    if sampler is greedy_sampler:  # shared by greedy requests so they sample in one batched call
+        return sampler
+
+    def guarded(logprobs: mx.array) -> mx.array:
+        try:
+            return sampler(logprobs)
+        except Exception as e:
+            faults.setdefault(rid, e)
+            return mx.argmax(logprobs, axis=-1)
+
+    return guarded
 
 
 def split_segments(token_ids: list[int], start: int, block_size: int) -> list[list[int]]:
@@ -113,6 +155,8 @@ class Engine:
         prefix_cache: the KV cache tiers, or None to run without a cache.
         block_size: KV block size in tokens (segments are cut at its multiples).
         prefill_step_size: most prompt tokens one forward pass processes per sequence.
+        fault_plan: test-only injected faults (``OMLX_TEST_FAULT``, omlx.engine.faults); None
+            in production.
     """
 
     def __init__(
@@ -125,8 +169,12 @@ class Engine:
         prefix_cache: PrefixCache | None = None,
         block_size: int = 256,
         prefill_step_size: int = 2048,
+        fault_plan: FaultPlan | None = None,
     ):
         self.model_id = model_id
+        self.fault_plan = fault_plan
+        if fault_plan is not None and fault_plan.seeds.get("forward"):
+            model = FaultingModel(model)
         self.model = model
         self.tokenizer = tokenizer
         self.scheduler = scheduler
@@ -143,7 +191,10 @@ class Engine:
         self._gen: BatchGenerator | None = None
         self._by_uid: dict[int, _Running] = {}
         self._by_rid: dict[str, _Running] = {}
+        self._faults: dict[str, Exception] = {}  # request id -> its attributed exception, this step
         self.num_batch_failures = 0
+        self.num_request_failures = 0
+        self.num_retried_requests = 0
         self.last_error: str | None = None
 
     # ---- called from any thread -------------------------------------------------------
@@ -190,6 +241,16 @@ class Engine:
                 otherwise the request ends with ``Failed(error)`` so its client learns why
                 (memory limit reached, model unloaded).
         """
+        # A waiting request leaves the queue now, so its place is free for the next request at
+        # once (a client that drops a queued request and retries must not meet a 429 from its
+        # own ghost); a running one is removed from the batch by the engine thread.
+        req = self.scheduler.remove_waiting(request_id)
+        sink = self._sinks.pop(request_id, None) if req is not None else None
+        if req is not None:
+            if sink is not None:
+                sink(Finished("abort", Usage(req.num_prompt_tokens, 0)) if error is None else Failed(error))
+            return
+        self.scheduler.mark_aborting(request_id)
         self._aborts.put((request_id, error))
         self._wake.set()
 
@@ -247,11 +308,15 @@ class Engine:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
+            self._arm_forward_fault()
             try:
                 prompt_resps, gen_resps = self._gen.next()
-            except Exception as e:  # a failing step fails its requests, never the thread
-                self._fail_all(e)
+            except Exception as e:  # a failing step never kills the thread
+                self._fail_attributed(set())
+                self._retry_batch(e)
                 continue
+            if self._faults:
+                self._fail_attributed({r.uid for r in gen_resps if r.finish_reason is not None})
             for pr in prompt_resps:
                 st = self._by_uid.get(pr.uid)
                 if st is not None and not pr.end_of_prompt:
@@ -264,8 +329,9 @@ class Engine:
                     st = self._by_uid.get(r.uid)
                     if st is not None:
                         logger.exception("request %s failed while emitting output", st.request.request_id)
+                        self.num_request_failures += 1
                         self._drop(st, remove=r.finish_reason is None)
-                        st.sink(Failed(EngineError(f"generation failed: {e}")))
+                        st.sink(Failed(EngineError(f"generation failed: {type(e).__name__}: {e}")))
         # Nothing is dropped silently: whatever is still here learns that the engine stopped.
         gone = EngineError(f"model {self.model_id} was unloaded (or the server is stopping) before this request finished; retry it")
         sinks = []
@@ -282,14 +348,77 @@ class Engine:
             except RuntimeError:  # the server's event loop is already closed: nobody is listening
                 pass
 
-    def _fail_all(self, error: Exception) -> None:
+    def _arm_forward_fault(self) -> None:
+        """Test-only: arm the one-shot forward fault when a target request is in the batch."""
+        plan = self.fault_plan
+        if plan is None or not isinstance(self.model, FaultingModel):
+            return
+        for st in self._by_uid.values():
+            seed = st.request.sampling.seed
+            if plan.hits("forward", seed) and seed not in plan.forward_fired:
+                plan.forward_fired.add(seed)
+                self.model.armed = True
+
+    def _fail_attributed(self, finished_uids: set[int]) -> None:
+        """Fail the requests whose own processor or sampler raised in this step; only them."""
+        faults, self._faults = self._faults, {}
+        for rid, error in faults.items():
+            st = self._by_rid.get(rid)
+            if st is None:
+                continue
+            logger.error("request %s failed in its own sampling step (%s: %s); the other %d request(s) go on",
+                         rid, type(error).__name__, error, len(self._by_rid) - 1)
+            self.num_request_failures += 1
+            self.last_error = f"{type(error).__name__}: {error}"
+            self._drop(st, remove=st.uid not in finished_uids)
+            st.sink(Failed(EngineError(f"generation failed: {type(error).__name__}: {error}")))
+
+    def _retry_batch(self, error: Exception) -> None:
+        """The batched step failed without saying for whom: rebuild the batch and resume every
+        request from its prompt plus the tokens it already produced (greedy output is unchanged).
+        A request that has been in more than ``MAX_STEP_RETRIES`` failed steps fails."""
         self.num_batch_failures += 1
         self.last_error = f"{type(error).__name__}: {error}"
-        logger.exception("batch step failed; failing %d request(s) and resetting the batch", len(self._by_uid))
-        for st in list(self._by_uid.values()):
-            self._drop(st, remove=False)
-            st.sink(Failed(EngineError(f"generation failed: {type(error).__name__}: {error}")))
+        survivors = list(self._by_uid.values())
+        logger.error("batch step failed (%s: %s); retrying its %d request(s) in a fresh batch",
+                     type(error).__name__, error, len(survivors), exc_info=error)
         self._gen = self._new_generator()
+        self._by_uid.clear()
+        for st in survivors:
+            st.num_retries += 1
+            try:
+                if st.num_retries > MAX_STEP_RETRIES:
+                    raise EngineError(f"generation failed {st.num_retries} times in a row: {type(error).__name__}: {error}")
+                self._resume(st)
+                self.num_retried_requests += 1
+            except Exception as e:
+                self.num_request_failures += 1
+                self._drop(st, remove=False)
+                st.sink(Failed(e if isinstance(e, EngineError) else EngineError(f"generation failed: {type(e).__name__}: {e}")))
+
+    def _resume(self, st: _Running) -> None:
+        """Insert ``st`` into the (new) batch again: prompt + generated tokens, remaining budget.
+
+        Its prefix-cache lease is released (the old batch held its caches) and it is not stored.
+        """
+        if st.lease is not None and self.prefix_cache is not None:
+            self.prefix_cache.release(st.lease)
+            st.lease = None
+        p = st.request.sampling
+        tokens = list(st.request.prompt_token_ids) + st.generated_ids
+        remaining = p.max_tokens - st.num_generated
+        if remaining <= 0:
+            self._finish(st, "length", remove=False, prompt_cache=None, all_tokens=None)
+            return
+        (uid,) = self._gen.insert_segments(
+            [split_segments(tokens, 0, self.block_size)],
+            max_tokens=[remaining],
+            samplers=[st.sampler],
+            logits_processors=[st.processors],
+            stop_sequences=[self._stop_sequences],
+        )
+        st.uid = uid
+        self._by_uid[uid] = st
 
     def _handle_aborts(self) -> None:
         while True:
@@ -325,9 +454,14 @@ class Engine:
     def _insert(self, req: Request, sink: Sink) -> None:
         tokens = req.prompt_token_ids
         p = req.sampling
-        sampler, processors = make_sampler(p), make_processors(p)
+        rid = req.request_id
+        procs = make_processors(p)
+        if self.fault_plan is not None and self.fault_plan.hits("processor", p.seed):
+            procs = [*procs, failing_processor]
+        procs = [_guard_processor(rid, f, self._faults) for f in procs]
+        sampler = _guard_sampler(rid, make_sampler(p), self._faults)
         pc = self.prefix_cache
-        first = pc.next_logprobs(tokens) if pc is not None and not processors else None
+        first = pc.next_logprobs(tokens) if pc is not None and not procs else None
         lease = pc.acquire(tokens, whole=first is not None, materialize=False) if pc is not None else None
         try:
             if lease is not None and first is not None and lease.num_cached_tokens == len(tokens):
@@ -343,7 +477,7 @@ class Engine:
                 caches=caches,
                 all_tokens=[list(tokens[:num_cached])] if caches else None,
                 samplers=[sampler],
-                logits_processors=[processors],
+                logits_processors=[procs],
                 stop_sequences=[self._stop_sequences],
             )
         except Exception:
@@ -358,11 +492,14 @@ class Engine:
             lease=lease,
             num_cached_tokens=num_cached,
             num_cached_tokens_cold=lease.num_cached_tokens_cold if lease is not None else 0,
+            sampler=sampler,
+            processors=procs,
         ))
 
     def _track(self, st: _Running) -> None:
         self._by_uid[st.uid] = st
         self._by_rid[st.request.request_id] = st
+        st.sink(Admitted(st.num_cached_tokens, st.num_cached_tokens_cold))
 
     def _start_whole_hit(self, req: Request, sink: Sink, lease: PrefixLease, first: Any, sampler: Any) -> None:
         """Start a request whose whole prompt is cached with its last position's log-probabilities.
@@ -375,12 +512,17 @@ class Engine:
         p = req.sampling
         st = _Running(request=req, sink=sink, uid=-1, output=OutputState(self.tokenizer.detokenizer, p.stop),
                       lease=lease, num_cached_tokens=lease.num_cached_tokens,
-                      num_cached_tokens_cold=lease.num_cached_tokens_cold)
+                      num_cached_tokens_cold=lease.num_cached_tokens_cold, sampler=sampler)
+        sink(Admitted(st.num_cached_tokens, st.num_cached_tokens_cold))
         token = int(sampler(first[None])[0].item())
+        fault = self._faults.pop(req.request_id, None)
+        if fault is not None:
+            raise fault
         st.first_token_s = time.monotonic()
         is_eos = token in self._eos
         if not is_eos:
             st.num_generated = 1
+            st.generated_ids.append(token)
             lp = self._logprob(st, token, first) if p.logprobs else None
             text = st.output.add(token, lp)
             if text:
@@ -401,7 +543,8 @@ class Engine:
             logits_processors=[[]],
             stop_sequences=[self._stop_sequences],
         )
-        self._track(st)
+        self._by_uid[st.uid] = st
+        self._by_rid[req.request_id] = st
 
     def _logprob(self, st: _Running, token: int, logprobs: mx.array) -> TokenLogprob:
         k = st.request.sampling.top_logprobs
@@ -427,11 +570,14 @@ class Engine:
         now = time.monotonic()
         if st.first_token_s is None:
             st.first_token_s = now
-            if not st.request.sampling.needs_processors and self.prefix_cache is not None:
+            if not st.processors and self.prefix_cache is not None:
                 st.first_logprobs = r.logprobs
         is_eos = r.finish_reason == "stop"
         if not is_eos:
+            if self.fault_plan is not None and st.num_generated == 0 and self.fault_plan.hits("detokenize", st.request.sampling.seed):
+                raise InjectedFault("injected detokenize fault (OMLX_TEST_FAULT)")
             st.num_generated += 1
+            st.generated_ids.append(int(r.token))
             lp = self._logprob(st, r.token, r.logprobs) if st.request.sampling.logprobs else None
             text = st.output.add(r.token, lp)
             if text:

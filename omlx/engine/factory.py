@@ -92,6 +92,7 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
         ModelImportError: the model cannot be read.
     """
     from omlx.engine.chat import render_prompt
+    from omlx.engine.faults import parse_fault_spec
     from omlx.engine.loader import load
     from omlx.request import Failed, Request, SamplingParams
     from omlx.scheduler import Scheduler
@@ -103,8 +104,11 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     logger.info("loaded %s from %s in %.1f s", model_id, path, time.monotonic() - t0)
     scheduler = Scheduler(config.max_concurrent_requests, config.max_queued_requests)
     prefix_cache, note = build_prefix_cache(loaded, config)
+    fault_plan = parse_fault_spec(config.test_fault)
+    if fault_plan is not None:
+        logger.warning("TEST FAULT INJECTION is on (OMLX_TEST_FAULT=%s): generation will fail on purpose", config.test_fault)
     engine = Engine(model_id, loaded.model, loaded.tokenizer, scheduler=scheduler,
-                    prefix_cache=prefix_cache, block_size=config.cache.block_size)
+                    prefix_cache=prefix_cache, block_size=config.cache.block_size, fault_plan=fault_plan)
     engine.start()
     entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config), settings=settings)
     logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")

@@ -92,9 +92,16 @@ def load(model_id: str, path: Path) -> LoadedModel:
     from mlx_lm import load as mlx_load
     from mlx_lm.models.cache import make_prompt_cache
 
+    try:  # read config.json first, so a broken one is named as such
+        config = json.loads((path / "config.json").read_text())
+    except PermissionError as e:
+        raise ModelImportError(f"cannot load model {model_id}: {path} is not readable by this user ({e.strerror})") from e
+    except (OSError, ValueError) as e:
+        raise ModelImportError(f"cannot load model {model_id}: {path / 'config.json'} is not a readable JSON file: {e}") from e
     try:
         model, tokenizer = mlx_load(str(path))
-        config = json.loads((path / "config.json").read_text())
+    except PermissionError as e:
+        raise ModelImportError(f"cannot load model {model_id}: a file in {path} is not readable by this user ({e})") from e
     except (OSError, ValueError, KeyError) as e:
         raise ModelImportError(f"cannot load model {model_id} from {path}: {e}") from e
     mx.eval(model.parameters())

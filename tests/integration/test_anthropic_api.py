@@ -165,11 +165,20 @@ def test_raw_stream_order_pings_and_cache_usage(server):
     start_usage = events[0][1]["message"]["usage"]
     delta_usage = [d for n, d in events if n == "message_delta"][0]["usage"]
     assert set(delta_usage) >= {"input_tokens", "output_tokens", "cache_read_input_tokens"}
-    assert delta_usage["input_tokens"] + delta_usage["cache_read_input_tokens"] == start_usage["input_tokens"]
-    # the same prompt again: its full KV blocks come from the prefix cache
-    again = [d for n, d in stream_events(server, body) if n == "message_delta"][0]["usage"]
+    total = start_usage["input_tokens"] + start_usage["cache_read_input_tokens"]
+    assert delta_usage["input_tokens"] + delta_usage["cache_read_input_tokens"] == total
+    # the same prompt again: its full KV blocks come from the prefix cache, and message_start,
+    # message_delta and the non-streaming Message all split input and cache-read tokens alike
+    events2 = stream_events(server, body)
+    start2 = events2[0][1]["message"]["usage"]
+    again = [d for n, d in events2 if n == "message_delta"][0]["usage"]
     assert again["cache_read_input_tokens"] > 0
-    assert again["input_tokens"] + again["cache_read_input_tokens"] == start_usage["input_tokens"]
+    assert again["input_tokens"] + again["cache_read_input_tokens"] == total
+    for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        assert start2[k] == again[k], (k, start2, again)
+    whole = httpx.post(server.url + "/v1/messages", json=body, headers={**AUTH, **VERSION}, timeout=120).json()["usage"]
+    for k in ("input_tokens", "cache_read_input_tokens", "output_tokens"):
+        assert whole[k] == again[k], (k, whole, again)
 
 
 def test_stop_sequences_and_stop_reason(client, server):

@@ -109,3 +109,21 @@ def test_distributed_stays_in_cluster(path):
     tree = ast.parse(path.read_text(), filename=str(path))
     uses = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "distributed"]
     assert not uses or rel.startswith("cluster/"), f"{rel} uses mx.distributed on lines {uses}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_fault_injection_stays_in_the_engine(path):
+    """The test-only fault hook (engine/faults.py) is wired by the engine and its factory only,
+    and its variable OMLX_TEST_FAULT is read in config.py only."""
+    rel = str(path.relative_to(PKG))
+    if "omlx.engine.faults" in _imports(path):
+        assert rel in ("engine/engine.py", "engine/factory.py"), f"{rel} imports the test-only fault hook"
+    text = path.read_text()
+    if "OMLX_TEST_FAULT" in text and ("environ" in text or "getenv" in text) and rel != "config.py":
+        pytest.fail(f"{rel} may read OMLX_TEST_FAULT from the environment; only config.py does")
+
+
+@pytest.mark.parametrize("rel", ["api/openapi.py", "engine/faults.py"])
+def test_small_new_modules_have_no_framework(rel):
+    for name in _imports(PKG / rel):
+        assert name.split(".")[0] not in ("sanic", "mlx", "mlx_lm"), f"{rel} imports {name}"

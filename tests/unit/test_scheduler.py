@@ -34,3 +34,19 @@ def test_remove_waiting_and_finish_statuses():
     assert s.finish("r0", RequestStatus.FINISHED) is a and a.status == RequestStatus.FINISHED
     assert s.finish("r0") is None
     assert not s.has_work
+
+
+def test_an_aborting_running_request_frees_its_place_in_line_at_once():
+    s = Scheduler(max_running=1, max_waiting=1)
+    s.add(_req(0))
+    s.admit()
+    s.add(_req(1))
+    with pytest.raises(RateLimitError):
+        s.add(_req(2))
+    assert s.mark_aborting("r0") and not s.mark_aborting("r1")  # r1 waits; only running ones mark
+    s.add(_req(2))  # r0's client is gone: its place is free although it is still in the batch
+    assert s.admit() == []  # ...but its batch slot is not, until the engine finishes it
+    s.finish("r0", RequestStatus.ABORTED)
+    assert [r.request_id for r in s.admit()] == ["r1"]
+    with pytest.raises(RateLimitError):
+        s.add(_req(3))

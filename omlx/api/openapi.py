@@ -1,0 +1,261 @@
+"""The OpenAPI 3.1 document omlx serves at ``GET /openapi.json``.
+
+Hand-maintained from the request validators (omlx.api.params and each protocol's ``_prepare``):
+the same fields, types, ranges and required keys, so a generated client or a fuzzer (the
+schemathesis tests) sends what the routes read. Responses are described loosely (an object);
+every error is one of the two error shapes of omlx.errors. A unit test checks that every route
+registered on the Sanic app appears here with its methods, and nothing else does.
+Must not: import Sanic or build responses (app.py serves the dict).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from omlx import __version__
+
+_REF = "#/components/schemas/"
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": _REF + name}
+
+
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_OBJ = {"type": "object"}
+_STOP4 = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 4}]}
+
+_SAMPLING = {
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": 0},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "seed": _INT,
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "repetition_penalty": {"type": "number", "minimum": 0.01, "maximum": 10},
+    "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+    "n": {"type": "integer", "const": 1},
+    "stream": _BOOL,
+    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
+}
+
+_OPENAI_TOOL = {
+    "type": "object", "required": ["type", "function"],
+    "properties": {"type": {"const": "function"},
+                   "function": {"type": "object", "required": ["name"],
+                                "properties": {"name": {"type": "string", "minLength": 1}, "description": _STR,
+                                               "parameters": _OBJ}}},
+}
+
+SCHEMAS: dict[str, Any] = {
+    "OpenAIError": {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {"type": "object", "required": ["message", "type"],
+                                 "properties": {"message": _STR, "type": _STR,
+                                                "param": {"type": ["string", "null"]},
+                                                "code": {"type": ["string", "null"]}}}},
+    },
+    "AnthropicError": {
+        "type": "object", "required": ["type", "error"],
+        "properties": {"type": {"const": "error"},
+                       "error": {"type": "object", "required": ["type", "message"],
+                                 "properties": {"type": _STR, "message": _STR}}},
+    },
+    "ChatMessage": {
+        "type": "object", "required": ["role"],
+        "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": {"oneOf": [_STR, {"type": "array", "items": _OBJ}, {"type": "null"}],
+                        "description": "null only for an assistant message with tool_calls"},
+            "tool_calls": {"type": "array", "items": _OBJ},
+            "tool_call_id": _STR,
+            "name": _STR,
+        },
+    },
+    "ChatCompletionRequest": {
+        "type": "object", "required": ["model", "messages"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "max_completion_tokens": {"type": "integer", "minimum": 1},
+            "stop": _STOP4,
+            "logprobs": _BOOL,
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "tools": {"type": "array", "items": _OPENAI_TOOL},
+            "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
+            "chat_template_kwargs": _OBJ,
+            "reasoning_effort": _STR,
+            **_SAMPLING,
+        },
+    },
+    "CompletionRequest": {
+        "type": "object", "required": ["model", "prompt"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "prompt": {"oneOf": [{"type": "string", "minLength": 1},
+                                 {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "stop": _STOP4,
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
+            **_SAMPLING,
+        },
+    },
+    "AnthropicMessage": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"enum": ["user", "assistant"]},
+                       "content": {"oneOf": [_STR, {"type": "array", "items": {"type": "object", "required": ["type"]}}]}},
+    },
+    "MessagesRequest": {
+        "type": "object", "required": ["model", "max_tokens", "messages"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "max_tokens": {"type": "integer", "minimum": 1},
+            "messages": {"type": "array", "minItems": 1, "items": _ref("AnthropicMessage")},
+            "system": {"oneOf": [_STR, {"type": "array", "items": _OBJ}]},
+            "stop_sequences": {"type": "array", "items": _STR},
+            "stream": _BOOL,
+            "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_k": {"type": "integer", "minimum": 0},
+            "tools": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+            "tool_choice": {"type": "object", "required": ["type"],
+                            "properties": {"type": {"enum": ["auto", "any", "tool", "none"]}, "name": _STR}},
+            "thinking": {"type": "object", "properties": {"type": {"enum": ["enabled", "disabled"]},
+                                                          "budget_tokens": {"type": "integer", "minimum": 1024}}},
+            "metadata": _OBJ,
+        },
+    },
+    "CountTokensRequest": {
+        "type": "object", "required": ["model", "messages"],
+        "properties": {"model": {"type": "string", "minLength": 1},
+                       "messages": {"type": "array", "minItems": 1, "items": _ref("AnthropicMessage")},
+                       "system": {"oneOf": [_STR, {"type": "array", "items": _OBJ}]},
+                       "tools": {"type": "array", "items": _OBJ}},
+    },
+    "ResponsesRequest": {
+        "type": "object", "required": ["model", "input"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "input": {"oneOf": [_STR, {"type": "array", "items": _OBJ}]},
+            "instructions": _STR,
+            "max_output_tokens": {"type": "integer", "minimum": 1},
+            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "stream": _BOOL,
+            "store": _BOOL,
+            "previous_response_id": _STR,
+            "tools": {"type": "array", "items": _OBJ},
+            "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
+            "parallel_tool_calls": _BOOL,
+            "truncation": {"enum": ["auto", "disabled"]},
+            "include": {"type": "array", "items": _STR},
+            "reasoning": _OBJ,
+            "text": _OBJ,
+            "metadata": _OBJ,
+        },
+    },
+    "EmbeddingsRequest": {
+        "type": "object", "required": ["model", "input"],
+        "properties": {"model": {"type": "string", "minLength": 1},
+                       "input": {"oneOf": [{"type": "string", "minLength": 1},
+                                           {"type": "array", "minItems": 1, "maxItems": 2048,
+                                            "items": {"type": "string", "minLength": 1}}]},
+                       "encoding_format": {"enum": ["float", "base64"]},
+                       "dimensions": {"type": "integer", "minimum": 1}},
+    },
+    "RerankRequest": {
+        "type": "object", "required": ["model", "query", "documents"],
+        "properties": {"model": {"type": "string", "minLength": 1}, "query": {"type": "string", "minLength": 1},
+                       "documents": {"type": "array", "minItems": 1, "items": {"oneOf": [_STR, _OBJ]}},
+                       "top_n": {"type": "integer", "minimum": 1}, "return_documents": _BOOL},
+    },
+    "UnloadRequest": {"type": "object", "properties": {"drain_s": {"type": "number", "minimum": 0, "maximum": 3600}}},
+}
+
+
+def _errors(anthropic: bool = False) -> dict[str, Any]:
+    shape = {"content": {"application/json": {"schema": _ref("AnthropicError" if anthropic else "OpenAIError")}}}
+    return {"4XX": {"description": "the client's mistake, named", **shape},
+            "5XX": {"description": "a server-side failure of this request only", **shape}}
+
+
+def _op(summary: str, *, body: str | None = None, anthropic: bool = False, stream: bool = False,
+        params: list[str] = (), tag: str = "") -> dict[str, Any]:
+    ok: dict[str, Any] = {"application/json": {"schema": _OBJ}}
+    if stream:  # each Server-Sent Event: optional ``event`` name, JSON text in ``data``
+        ok["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
+                                              "properties": {"event": _STR, "data": _STR}}}
+    op: dict[str, Any] = {"summary": summary, "tags": [tag] if tag else [],
+                          "responses": {"200": {"description": "success", "content": ok}, **_errors(anthropic)}}
+    if body:
+        op["requestBody"] = {"required": body != "UnloadRequest",
+                             "content": {"application/json": {"schema": _ref(body)}}}
+    if params:
+        op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": _STR} for p in params]
+    return op
+
+
+def _get(summary: str, tag: str, params: list[str] = ()) -> dict[str, Any]:
+    """GET and HEAD (HEAD: the same answer without a body)."""
+    return {"get": _op(summary, tag=tag, params=params),
+            "head": _op(summary + " (headers only)", tag=tag, params=params)}
+
+
+PATHS: dict[str, dict[str, Any]] = {
+    "/": _get("server name and status", "server"),
+    "/health": _get("liveness, per-model engine state, slow paths (503 when an engine thread is dead)", "server"),
+    "/openapi.json": _get("this document", "server"),
+    "/v1/cache/stats": _get("prefix cache tiers (hot, cold) per model", "admin"),
+    "/metrics": _get("Prometheus text exposition: requests, tokens, TTFT/TPOT histograms, cache, memory", "admin"),
+    "/admin": _get("the web dashboard (HTML; ?key= once when an API key is set)", "admin"),
+    "/v1/admin/recent": _get("the newest finished generation requests (query: limit, 1-200)", "admin"),
+    "/v1/models": _get("models served (OpenAI or Anthropic shape by headers)", "models"),
+    "/v1/models/{model_id}": _get("one model", "models", ["model_id"]),
+    "/v1/models/status": _get("memory figures, every known model, recent load events", "admin"),
+    "/v1/models/{model_id}/load": {"post": _op("load a model now", tag="admin", params=["model_id"])},
+    "/v1/models/{model_id}/unload": {"post": _op("unload a model (running requests get drain_s)", tag="admin",
+                                                 params=["model_id"], body="UnloadRequest")},
+    "/v1/chat/completions": {"post": _op("OpenAI chat completion", body="ChatCompletionRequest", stream=True, tag="openai")},
+    "/v1/completions": {"post": _op("OpenAI legacy completion", body="CompletionRequest", stream=True, tag="openai")},
+    "/v1/messages": {"post": _op("Anthropic Messages", body="MessagesRequest", anthropic=True, stream=True, tag="anthropic")},
+    "/v1/messages/count_tokens": {"post": _op("Anthropic token count", body="CountTokensRequest", anthropic=True,
+                                              tag="anthropic")},
+    "/v1/responses": {**_get("405: list is not supported (use POST or GET /v1/responses/{id})", "responses"),
+                      "post": _op("OpenAI Responses", body="ResponsesRequest", stream=True, tag="responses")},
+    "/v1/responses/input_tokens": {"post": _op("token count of a Responses request", body="ResponsesRequest",
+                                               tag="responses")},
+    "/v1/responses/{response_id}": {**_get("a stored response", "responses", ["response_id"]),
+                                    "delete": _op("delete a stored response", tag="responses", params=["response_id"])},
+    "/v1/responses/{response_id}/input_items": _get("the input items of a stored response", "responses", ["response_id"]),
+    "/v1/embeddings": {"post": _op("OpenAI embeddings (encoder models)", body="EmbeddingsRequest", tag="openai")},
+    "/v1/rerank": {"post": _op("rerank documents against a query (cross-encoder models)", body="RerankRequest", tag="openai")},
+}
+
+
+def openapi_document(server_url: str | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document (a fresh dict; JSON-serializable).
+
+    Args:
+        server_url: the base URL to list under ``servers`` (None: none listed).
+    """
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "omlx", "version": __version__,
+                 "description": "Local LLM server: OpenAI, Anthropic and Responses APIs on MLX."},
+        "paths": PATHS,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
+        },
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
+    }
+    if server_url:
+        doc["servers"] = [{"url": server_url}]
+    return copy.deepcopy(doc)
