@@ -515,19 +515,21 @@ class EnginePool:
 
     def _busy(self, slot: _Slot) -> bool:
         """Leased or serving. Caller holds the lock."""
+        e = slot.entry
+        working = False
+        if isinstance(e, PoolEntry):
+            working = e.engine.scheduler.has_work or e.engine.num_active() > 0
+        elif isinstance(e, EncoderEntry):
+            working = e.engine.num_pending > 0
+        if working:  # a long non-streaming request keeps its lease however long it runs
+            return True
         now = time.monotonic()
         for tok, t in list(slot.leases.items()):
             if now - t > LEASE_TIMEOUT_S:
                 del slot.leases[tok]
-                logger.warning("a lease on %s expired after %.0f s (request gone?)", slot.model_id, LEASE_TIMEOUT_S)
-        if slot.leases:
-            return True
-        e = slot.entry
-        if isinstance(e, PoolEntry):
-            return e.engine.scheduler.has_work or e.engine.num_active() > 0
-        if isinstance(e, EncoderEntry):
-            return e.engine.num_pending > 0
-        return False
+                logger.warning("a lease on %s expired after %.0f s with its engine idle (request gone?)",
+                               slot.model_id, LEASE_TIMEOUT_S)
+        return bool(slot.leases)
 
     def _pick_victim(self, exclude: _Slot | None = None) -> _Slot | None:
         """The least recently used idle unpinned loaded slot, now marked UNLOADING; or None."""
