@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from urllib.parse import unquote
 
 from sanic import Blueprint, Sanic
 from sanic import Request as HttpRequest
@@ -45,6 +46,7 @@ async def models_status(http: HttpRequest):
 @bp.post("/models/<model_id>/load")
 async def load_model(http: HttpRequest, model_id: str):
     """Load a model now (200 with its status row; 507 with the numbers when it cannot fit)."""
+    model_id = unquote(model_id)  # ids such as "org/model" arrive percent-encoded
     row = await _pool(http).call_async(_pool(http).load, model_id)
     return json_response({"id": row["id"], "status": row["state"], "model": row})
 
@@ -53,6 +55,7 @@ async def load_model(http: HttpRequest, model_id: str):
 async def unload_model(http: HttpRequest, model_id: str):
     """Unload a model: running requests get ``drain_s`` (body, default 30) to finish, the rest
     fail with a clear error. 400 for a pinned model."""
+    model_id = unquote(model_id)
     body = parse_json_object(http.body, http.app.ctx.config.max_body_bytes) if http.body else {}
     drain_s = get_float(body, "drain_s", 30.0, lo=0.0, hi=3600.0)
     pool = _pool(http)

@@ -186,8 +186,8 @@ def _errors(anthropic: bool = False) -> dict[str, Any]:
 
 
 def _op(summary: str, *, body: str | None = None, anthropic: bool = False, stream: bool = False,
-        params: list[str] = (), tag: str = "") -> dict[str, Any]:
-    ok: dict[str, Any] = {"application/json": {"schema": _OBJ}}
+        params: list[str] = (), tag: str = "", media: str = "application/json") -> dict[str, Any]:
+    ok: dict[str, Any] = {media: {"schema": _OBJ if media == "application/json" else _STR}}
     if stream:  # each Server-Sent Event: optional ``event`` name, JSON text in ``data``
         ok["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
                                               "properties": {"event": _STR, "data": _STR}}}
@@ -201,10 +201,10 @@ def _op(summary: str, *, body: str | None = None, anthropic: bool = False, strea
     return op
 
 
-def _get(summary: str, tag: str, params: list[str] = ()) -> dict[str, Any]:
-    """GET and HEAD (HEAD: the same answer without a body)."""
-    return {"get": _op(summary, tag=tag, params=params),
-            "head": _op(summary + " (headers only)", tag=tag, params=params)}
+def _get(summary: str, tag: str, params: list[str] = (), media: str = "application/json") -> dict[str, Any]:
+    """GET and HEAD (HEAD: the same answer without a body); ``media``: the 200's content type."""
+    return {"get": _op(summary, tag=tag, params=params, media=media),
+            "head": _op(summary + " (headers only)", tag=tag, params=params, media=media)}
 
 
 PATHS: dict[str, dict[str, Any]] = {
@@ -212,8 +212,9 @@ PATHS: dict[str, dict[str, Any]] = {
     "/health": _get("liveness, per-model engine state, slow paths (503 when an engine thread is dead)", "server"),
     "/openapi.json": _get("this document", "server"),
     "/v1/cache/stats": _get("prefix cache tiers (hot, cold) per model", "admin"),
-    "/metrics": _get("Prometheus text exposition: requests, tokens, TTFT/TPOT histograms, cache, memory", "admin"),
-    "/admin": _get("the web dashboard (HTML; ?key= once when an API key is set)", "admin"),
+    "/metrics": _get("Prometheus text exposition: requests, tokens, TTFT/TPOT histograms, cache, memory", "admin",
+                     media="text/plain"),
+    "/admin": _get("the web dashboard (HTML; ?key= once when an API key is set)", "admin", media="text/html"),
     "/v1/admin/recent": _get("the newest finished generation requests (query: limit, 1-200)", "admin"),
     "/v1/models": _get("models served (OpenAI or Anthropic shape by headers)", "models"),
     "/v1/models/{model_id}": _get("one model", "models", ["model_id"]),

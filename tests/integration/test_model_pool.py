@@ -186,12 +186,12 @@ def test_concurrent_requests_during_eviction_complete_or_fail_clearly(server):
 
 
 def test_load_and_unload_routes(server):
-    r = httpx.post(server.url + "/v1/models/smol-a/load", timeout=300)
+    r = httpx.post(server.url + "/v1/models/smol%2Da/load", timeout=300)  # percent-encoded id
     assert r.status_code == 200 and r.json()["status"] == "loaded" and r.json()["model"]["id"] == "smol-a"
     r = httpx.post(server.url + "/v1/models/main-model/unload", timeout=300)
     assert r.status_code == 200 and r.json()["status"] == "unloaded" and r.json()["id"] == "smol-a"
     assert r.json()["freed_mlx_bytes"] > 0.9 * 538e6
-    assert httpx.post(server.url + "/v1/models/smol-a/unload", timeout=60).json()["status"] == "not_loaded"
+    assert httpx.post(server.url + "/v1/models/smol%2Da/unload", timeout=60).json()["status"] == "not_loaded"
     r = httpx.post(server.url + "/v1/models/smol-pin/unload", timeout=60)
     assert r.status_code == 400 and "pinned" in r.json()["error"]["message"]
     assert httpx.post(server.url + "/v1/models/nope/unload", timeout=60).status_code == 404
