@@ -34,9 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from omlx.bench.client import StreamResult as ClientStreamResult
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -335,35 +337,13 @@ class Server:
 # streaming client
 
 
-@dataclass
-class StreamResult:
-    """One streamed request, timed at the client.
-
-    Times are seconds since the request was sent. ``chunk_times`` are the arrival times of the
-    chunks that carried content (text); a chunk may carry several tokens (held-back UTF-8, stop
-    strings), so per-token figures divide by tokens, not chunks.
+class StreamResult(ClientStreamResult):
+    """One streamed request, timed at the client: `omlx.bench.client.StreamResult` (the fields)
+    with these scripts' figures. Their ``decode_tps`` spans first to last content chunk (not to
+    the end of the stream), and ``summary`` keeps inter-chunk intervals.
     """
 
-    ok: bool = False
-    error: str | None = None
-    status: int | None = None
-    ttft_s: float | None = None
-    total_s: float | None = None
-    chunk_times: list[float] = field(default_factory=list)
-    num_content_chunks: int = 0
-    num_keepalives: int = 0
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    token_count_source: str = "chunks"
-    finish_reason: str | None = None
-    text: str = ""
-    t_send: float = 0.0  # perf_counter at send (to line up concurrent streams)
-
-    @property
-    def num_tokens(self) -> int:
-        """Generated tokens: usage.completion_tokens if reported, else content chunks."""
-        return self.completion_tokens if self.completion_tokens is not None else self.num_content_chunks
+    __slots__ = ()
 
     @property
     def decode_tps(self) -> float | None:
