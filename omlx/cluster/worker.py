@@ -190,15 +190,7 @@ class ClusterEngine(Engine):
         self._by_uid.clear()
         if self._inserting is not None:
             sinks.append(self._inserting)
-        for req in self.scheduler.waiting():
-            if self.scheduler.remove_waiting(req.request_id) is not None:
-                sinks.append(self._sinks.pop(req.request_id, None))
-        for sink in sinks:
-            try:
-                if sink is not None:
-                    sink(Failed(error))
-            except RuntimeError:  # the server's event loop is closed: nobody is listening
-                pass
+        self._fail_with_waiting(sinks, error)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the engine, then tell the followers to exit (when the pipeline is still up)."""

@@ -338,13 +338,18 @@ class Engine:
         for st in list(self._by_uid.values()):
             self._drop(st, remove=False)
             sinks.append(st.sink)
+        self._fail_with_waiting(sinks, gone)
+
+    def _fail_with_waiting(self, sinks: list[Sink | None], error: Exception) -> None:
+        """Send ``Failed(error)`` to ``sinks`` and to every request still waiting (which leaves
+        the queue)."""
         for req in self.scheduler.waiting():
             if self.scheduler.remove_waiting(req.request_id) is not None:
                 sinks.append(self._sinks.pop(req.request_id, None))
         for sink in sinks:
             try:
                 if sink is not None:
-                    sink(Failed(gone))
+                    sink(Failed(error))
             except RuntimeError:  # the server's event loop is already closed: nobody is listening
                 pass
 
