@@ -22,7 +22,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from omlx.cli.common import config_from, setup_logging
+from omlx.cli.common import config_from, reexec_with_blas, setup_logging
 
 logger = logging.getLogger("omlx.cluster.worker")
 
@@ -58,7 +58,7 @@ def worker_command(
         "host": host, "port": port, "base_path": base_path, "api_key": api_key, "log_level": log_level,
         "max_concurrent_requests": max_concurrent_requests, "cache.enabled": False,
     }, None)
-    _reexec_with_blas(cfg.preload_blas)
+    reexec_with_blas(cfg.preload_blas, sys.orig_argv[1:])
     setup_logging(cfg.log_level)
     code = _run(cfg, Path(model).expanduser(), layer_ranges, rank, hostfile, timeout_s, seed)
     # As `omlx serve`: leave without interpreter finalization (MLX's threads abort in it).
@@ -66,19 +66,6 @@ def worker_command(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _reexec_with_blas(enabled: bool) -> None:
-    """As ``omlx serve``: re-run this exact command line with OpenBLAS preloaded (Linux)."""
-    if not enabled or os.environ.get("OMLX_BLAS_REEXEC") == "1":
-        return
-    from omlx.kernels.blas import preload_env
-
-    env = preload_env(dict(os.environ))
-    if env is None:
-        return
-    env["OMLX_BLAS_REEXEC"] = "1"
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str, timeout_s: float, seed: int) -> int:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+import os
+import sys
+from typing import Any, Sequence
 
 import typer
 
@@ -30,3 +32,17 @@ def config_from(flags: dict[str, Any], config_file: str | None) -> ServerConfig:
     except OmlxError as e:
         typer.echo(f"omlx: {e.message}", err=True)
         raise typer.Exit(2) from e
+
+
+def reexec_with_blas(enabled: bool, argv: Sequence[str]) -> None:
+    """On Linux, re-run ``argv`` (after the interpreter) with OpenBLAS preloaded: MLX's wheel
+    links a reference BLAS. Returns when disabled, already re-run, or no OpenBLAS is found."""
+    if not enabled or os.environ.get("OMLX_BLAS_REEXEC") == "1":
+        return
+    from omlx.kernels.blas import preload_env
+
+    env = preload_env(dict(os.environ))
+    if env is None:
+        return
+    env["OMLX_BLAS_REEXEC"] = "1"
+    os.execve(sys.executable, [sys.executable, *argv], env)

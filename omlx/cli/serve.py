@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from omlx.cli.common import config_from, setup_logging
+from omlx.cli.common import config_from, reexec_with_blas, setup_logging
 
 logger = logging.getLogger("omlx.serve")
 
@@ -58,7 +58,7 @@ def serve(
         "cluster.peers": tuple(peer) if peer else None,
     }
     cfg = config_from(flags, config)
-    _maybe_reexec_with_blas(cfg.preload_blas)
+    reexec_with_blas(cfg.preload_blas, ["-m", "omlx", *sys.argv[1:]])
     setup_logging(cfg.log_level)
     if cluster:
         from omlx.cli.cluster import _model_path, make_agent, resolve_secret, start_agent_thread
@@ -89,15 +89,3 @@ def parse_aliases(values: list[str]) -> dict[str, str]:
         out[name.strip()] = target.strip()
     return out
 
-
-def _maybe_reexec_with_blas(enabled: bool) -> None:
-    """On Linux, re-run this process with OpenBLAS preloaded (MLX's wheel links reference BLAS)."""
-    if not enabled or os.environ.get("OMLX_BLAS_REEXEC") == "1":
-        return
-    from omlx.kernels.blas import preload_env
-
-    env = preload_env(dict(os.environ))
-    if env is None:
-        return
-    env["OMLX_BLAS_REEXEC"] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "omlx", *sys.argv[1:]], env)
