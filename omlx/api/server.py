@@ -14,10 +14,13 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omlx.config import ServerConfig
 from omlx.errors import OmlxError
+
+if TYPE_CHECKING:
+    from omlx.pool import EnginePool
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +101,6 @@ def run_server(cfg: ServerConfig) -> int:
         make_private_dir(d)
     status = startup_status(cfg)
 
-    from omlx.api.app import create_app
     from omlx.memory import gb
     from omlx.pool import EnginePool
 
@@ -120,9 +122,20 @@ def run_server(cfg: ServerConfig) -> int:
             logger.warning("prefix cache for %s: %s", model_id, note)
             if not note.startswith("off (disabled"):  # a model family without its fast path
                 status["slow_paths"].append(f"model {model_id} runs without the prefix cache: {note}")
+    return run_app(cfg, pool, status, f"omlx ready on http://{cfg.host}:{cfg.port} (models: {', '.join(pool.listed_ids())})")
+
+
+def run_app(cfg: ServerConfig, pool: EnginePool, status: dict[str, Any], ready: str) -> int:
+    """Serve HTTP for a started pool until the server stops (then stop the pool); returns 0.
+
+    Args:
+        ready: the line logged once the app is built (what is served, where).
+    """
+    from omlx.api.app import create_app
+
     pool.start_watchdog()
     app = create_app(cfg, pool, status)
-    logger.info("omlx ready on http://%s:%d (models: %s)", cfg.host, cfg.port, ", ".join(pool.listed_ids()))
+    logger.info("%s", ready)
     try:
         app.run(host=cfg.host, port=cfg.port, single_process=True, motd=False, access_log=False,
                 debug=False, auto_reload=False)

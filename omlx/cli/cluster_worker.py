@@ -104,7 +104,7 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
            timeout_s: float, seed: int, facts: list[dict[str, Any]]) -> int:
     from mlx_lm.utils import load_tokenizer
 
-    from omlx.api.app import create_app
+    from omlx.api.server import run_app
     from omlx.api.server import make_private_dir, startup_status
     from omlx.cluster.worker import ClusterEngine
     from omlx.config import ModelSettings
@@ -162,16 +162,9 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
         logger.error("cannot start: %s", e.message)
         pool.stop()
         return 1
-    pool.start_watchdog()
-    app = create_app(cfg, pool, status)
-    logger.info("omlx cluster rank 0 ready on http://%s:%d (model %s over %d ranks: %s)", cfg.host, cfg.port,
-                model_id, group.size, ", ".join(f"[{r.start}, {r.end})" for r in layer_ranges))
-    try:
-        app.run(host=cfg.host, port=cfg.port, single_process=True, motd=False, access_log=False,
-                debug=False, auto_reload=False)
-    finally:
-        pool.stop()
-    return 0
+    ranges = ", ".join(f"[{r.start}, {r.end})" for r in layer_ranges)
+    return run_app(cfg, pool, status, f"omlx cluster rank 0 ready on http://{cfg.host}:{cfg.port} "
+                                      f"(model {model_id} over {group.size} ranks: {ranges})")
 
 
 def _warm_up(entry: Any) -> None:
