@@ -149,7 +149,8 @@ class PoolStats:
         num_evicted_bytes: Bytes of evicted blocks.
         num_rejected: Registrations refused for lack of room or of a cached parent.
         num_cow_copies: Copies made by :meth:`BlockPool.writable`.
-        num_dropped_tails: Unheld tails dropped because a longer block made them redundant.
+        num_dropped_tails: Tails dropped because a longer sibling made them redundant (at once
+            when unheld, else when their last holder releases them).
     """
 
     num_blocks: int
@@ -181,6 +182,12 @@ def _common_prefix_len(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     while a[i] == b[i]:
         i += 1
     return i
+
+
+def _extends(longer: KVBlock, shorter: KVBlock) -> bool:
+    """Whether ``shorter``'s tokens are a proper prefix of ``longer``'s."""
+    n = len(shorter.token_ids)
+    return n < len(longer.token_ids) and longer.token_ids[:n] == shorter.token_ids
 
 
 def _evict_key(block: KVBlock) -> _HeapEntry:
@@ -381,11 +388,17 @@ class BlockPool:
             block.ref_count -= 1
             block.last_access = tick
             if block.ref_count == 0:
-                if block.is_registered:
+                if not block.is_registered:
+                    self._remove(block)
+                elif block.is_tail and self._is_covered(block):
+                    # Superseded while held (the request that extended it held it): a
+                    # prefix of a sibling now, so lookup reuses the sibling instead.
+                    self._num_free_bytes += block.num_bytes
+                    self._remove(block)
+                    self._num_dropped_tails += 1
+                else:
                     self._num_free_bytes += block.num_bytes
                     self._push_if_evictable(block)
-                else:
-                    self._remove(block)
 
     def register(
         self,
@@ -693,19 +706,20 @@ class BlockPool:
         return block
 
     def _drop_tails_covered_by(self, block: KVBlock) -> None:
-        """Drop unheld tails under ``block``'s parent whose tokens are a prefix of it."""
+        """Drop unheld tails under ``block``'s parent whose tokens are a prefix of it.
+
+        A held tail is dropped later, when its last holder releases it (see ``release``).
+        """
         siblings = self._children.get(block.parent_hash, {})
         for sibling in list(siblings.values()):
-            n = len(sibling.token_ids)
-            if (
-                sibling is not block
-                and sibling.is_tail
-                and sibling.ref_count == 0
-                and n < len(block.token_ids)
-                and block.token_ids[:n] == sibling.token_ids
-            ):
+            if sibling is not block and sibling.is_tail and sibling.ref_count == 0 and _extends(block, sibling):
                 self._remove(sibling)
                 self._num_dropped_tails += 1
+
+    def _is_covered(self, tail: KVBlock) -> bool:
+        """Whether a sibling (full block or longer tail) starts with all of ``tail``'s tokens."""
+        siblings = self._children.get(tail.parent_hash, {})
+        return any(s is not tail and _extends(s, tail) for s in siblings.values())
 
     def _make_room(self, num_bytes: int, *, protect: KVBlock | None) -> bool:
         """Evict until ``num_bytes`` more fit; False (evicting nothing if foreseeable) if not."""

@@ -128,8 +128,12 @@ def _guard_sampler(rid: str, sampler: Any, faults: dict[str, Exception]) -> Any:
 def split_segments(token_ids: list[int], start: int, block_size: int) -> list[list[int]]:
     """Split ``token_ids[start:]`` at absolute multiples of ``block_size``.
 
-    Every block is then prefilled by the same computation whether or not earlier blocks came
-    from the cache, which is what keeps cached and uncached greedy output identical.
+    A block prefilled from a block boundary is computed by the same forward pass whether or
+    not earlier blocks came from the cache, so a block-aligned hit gives bit-identical KV.
+    A hit that ends inside a block (a reused tail) has already left that alignment, so a
+    leading piece shorter than half a block is merged into the next segment instead of
+    costing a forward pass of its own (measured: 43 + 68 tokens on a 725-token context took
+    0.83 s against 0.69 s for one 111-token pass, SmolLM2-135M on 2 CPU cores).
 
     Returns:
         Non-empty segments whose concatenation is ``token_ids[start:]``.
@@ -141,6 +145,8 @@ def split_segments(token_ids: list[int], start: int, block_size: int) -> list[li
         end = min(n, (pos // block_size + 1) * block_size)
         segments.append(token_ids[pos:end])
         pos = end
+    if len(segments) > 1 and start % block_size and len(segments[0]) < block_size // 2:
+        segments[:2] = [segments[0] + segments[1]]
     return segments
 
 

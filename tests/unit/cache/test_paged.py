@@ -358,6 +358,27 @@ def test_held_tail_is_not_dropped() -> None:
     assert hit.partial is longer and hit.num_partial_tokens == 3
 
 
+def test_a_tail_covered_while_held_is_dropped_when_released() -> None:
+    # A chat turn holds its previous turn's tail while its own longer blocks are registered;
+    # once released, that tail is a prefix of a sibling and only costs bytes.
+    pool, recorder = make_pool()
+    (tail,) = register_chain(pool, [1, 2])
+    (full,) = register_chain(pool, [1, 2, 3, 4])
+    assert pool.stats().num_tails == 1 and pool.stats().num_dropped_tails == 0
+    bytes_before = pool.num_bytes
+    pool.release([tail])
+    assert pool.get(tail.block_hash or b"") is None
+    assert pool.stats().num_dropped_tails == 1 and pool.num_bytes == bytes_before - tail.num_bytes
+    assert recorder.evicted == []  # dropped, not evicted: nothing is written back
+    pool.release([full])
+    assert pool.lookup([1, 2, 9], NS).partial is full
+    # a tail that is no sibling's prefix stays cached when released
+    (other,) = register_chain(pool, [1, 5])
+    pool.release([other])
+    assert pool.get(other.block_hash or b"") is other
+    assert pool.stats().num_free_bytes == pool.num_bytes
+
+
 # ---------------------------------------------------------------- copy-on-write
 
 
