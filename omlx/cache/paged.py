@@ -16,6 +16,9 @@ Model (compare vLLM ``v1/core/block_pool.py`` and SGLang ``radix_cache.py``):
   last matched block (full block or tail). KV at position ``i`` depends only on tokens
   ``0..i`` (causal attention), so the first ``k`` tokens of any cached block whose parent
   chain and first ``k`` tokens match are exactly the KV the request would compute.
+* A tail that a newer sibling supersedes (agrees with all but its last few tokens, see
+  ``TAIL_SLACK_TOKENS``) is dropped as soon as nobody holds it, so the shared tokens are not
+  stored twice.
 * A block with ``ref_count == 0`` stays cached and is evictable once it is a leaf (no cached
   child). Leaves go in LRU order; at equal recency tails go first, then deeper blocks.
 
@@ -184,10 +187,21 @@ def _common_prefix_len(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return i
 
 
-def _extends(longer: KVBlock, shorter: KVBlock) -> bool:
-    """Whether ``shorter``'s tokens are a proper prefix of ``longer``'s."""
-    n = len(shorter.token_ids)
-    return n < len(longer.token_ids) and longer.token_ids[:n] == shorter.token_ids
+TAIL_SLACK_TOKENS = 16
+"""A tail is redundant once a longer sibling agrees with all but at most this many of its last
+tokens (and on at least 4/5 of them): lookup then reuses that sibling's shared prefix and
+recomputes at most this many tokens, while keeping the tail would store the shared tokens twice
+(a finished request's tail ends in generated tokens, which the next prompt may not repeat)."""
+
+
+def _supersedes(sibling: KVBlock, tail: KVBlock) -> bool:
+    """Whether ``sibling`` (a full block or a longer tail) makes ``tail`` redundant."""
+    n = len(tail.token_ids)
+    if sibling is tail or len(sibling.token_ids) <= n:
+        return False
+    shared = _common_prefix_len(sibling.token_ids, tail.token_ids)
+    unique = n - shared
+    return unique <= TAIL_SLACK_TOKENS and shared >= 4 * unique
 
 
 def _evict_key(block: KVBlock) -> _HeapEntry:
@@ -706,20 +720,20 @@ class BlockPool:
         return block
 
     def _drop_tails_covered_by(self, block: KVBlock) -> None:
-        """Drop unheld tails under ``block``'s parent whose tokens are a prefix of it.
+        """Drop unheld tails under ``block``'s parent that it supersedes (``_supersedes``).
 
         A held tail is dropped later, when its last holder releases it (see ``release``).
         """
         siblings = self._children.get(block.parent_hash, {})
         for sibling in list(siblings.values()):
-            if sibling is not block and sibling.is_tail and sibling.ref_count == 0 and _extends(block, sibling):
+            if sibling.is_tail and sibling.ref_count == 0 and _supersedes(block, sibling):
                 self._remove(sibling)
                 self._num_dropped_tails += 1
 
     def _is_covered(self, tail: KVBlock) -> bool:
-        """Whether a sibling (full block or longer tail) starts with all of ``tail``'s tokens."""
+        """Whether a sibling (full block or longer tail) supersedes ``tail`` (``_supersedes``)."""
         siblings = self._children.get(tail.parent_hash, {})
-        return any(s is not tail and _extends(s, tail) for s in siblings.values())
+        return any(_supersedes(s, tail) for s in siblings.values())
 
     def _make_room(self, num_bytes: int, *, protect: KVBlock | None) -> bool:
         """Evict until ``num_bytes`` more fit; False (evicting nothing if foreseeable) if not."""

@@ -379,6 +379,29 @@ def test_a_tail_covered_while_held_is_dropped_when_released() -> None:
     assert pool.stats().num_free_bytes == pool.num_bytes
 
 
+def test_a_tail_that_a_sibling_agrees_with_up_to_its_last_tokens_is_dropped() -> None:
+    # A completion's tail ends with its generated token; the next prompt (same text plus a
+    # suffix) fills the block with another token there. Keeping the tail would store 39 shared
+    # tokens twice to save recomputing one.
+    pool, _ = make_pool(max_bytes=10**6, block_size=64)
+    prompt = list(range(100, 139))
+    (tail,) = register_chain(pool, prompt + [7])  # 40 tokens, the last one generated
+    pool.release([tail])
+    (full,) = register_chain(pool, prompt + list(range(500, 525)))
+    assert pool.get(tail.block_hash or b"") is None and pool.stats().num_dropped_tails == 1
+    hit = pool.lookup(prompt + [7], NS)
+    assert hit.partial is full and hit.num_cached_tokens == 39  # one token to recompute
+    # a tail that shares only part of itself is no duplicate: it stays
+    (half,) = register_chain(pool, prompt[:20] + list(range(900, 920)))
+    pool.release([half])
+    assert pool.get(half.block_hash or b"") is half
+    # ... and more than TAIL_SLACK_TOKENS unshared tokens keep a tail too
+    (long_tail,) = register_chain(pool, list(range(1, 61)))
+    pool.release([long_tail])
+    (other,) = register_chain(pool, list(range(1, 41)) + list(range(700, 724)))
+    assert pool.get(long_tail.block_hash or b"") is long_tail and other.is_tail is False
+
+
 # ---------------------------------------------------------------- copy-on-write
 
 
