@@ -135,6 +135,8 @@ class RestoreCostModel:
         self.read_bytes_per_s = read_bytes_per_s or policy.assumed_read_bytes_per_s
         self.prefill_measured = prefill_tokens_per_s is not None
         self.read_measured = read_bytes_per_s is not None
+        self.num_prefill_samples = 0  # served prefills observed (not the start-up measurement)
+        self.num_read_samples = 0
 
     def observe_read(self, num_bytes: int, seconds: float) -> None:
         """Record a restore of ``num_bytes`` that took ``seconds`` end to end."""
@@ -145,6 +147,7 @@ class RestoreCostModel:
             rate = (1 - self._WEIGHT) * self.read_bytes_per_s + self._WEIGHT * rate
         self.read_bytes_per_s = rate
         self.read_measured = True
+        self.num_read_samples += 1
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """Record a prefill of ``num_tokens`` that took ``seconds``."""
@@ -155,6 +158,7 @@ class RestoreCostModel:
             rate = (1 - self._WEIGHT) * self.prefill_tokens_per_s + self._WEIGHT * rate
         self.prefill_tokens_per_s = rate
         self.prefill_measured = True
+        self.num_prefill_samples += 1
 
     def decide(self, num_bytes: int, num_tokens: int) -> RestoreDecision:
         """Compare reading ``num_bytes`` with prefilling ``num_tokens``."""
@@ -544,4 +548,5 @@ class TieredCache:
             "read_bandwidth_measured": self.cost.read_measured,
             "prefill_tokens_per_s": round(self.cost.prefill_tokens_per_s, 1),
             "prefill_rate_measured": self.cost.prefill_measured,
+            "num_prefill_samples": self.cost.num_prefill_samples,
         }

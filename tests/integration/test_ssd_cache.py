@@ -109,9 +109,13 @@ def warm_cache(tmp_path_factory, plain, prompt_a):
     base = tmp_path_factory.mktemp("ssd-warm")
     s = _server(base)
     try:
+        rate_at_start = _cold(s)["prefill_tokens_per_s"]
         text, usage = _complete(s, prompt_a)
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "cached_tokens_cold": 0}
         assert text == plain(prompt_a)
+        # The restore-or-recompute rule follows this real prefill (alone in the batch).
+        cold = _cold(s)
+        assert cold["num_prefill_samples"] == 1 and cold["prefill_tokens_per_s"] != rate_at_start
     finally:
         s.stop()  # SIGTERM: a clean stop flushes the hot tier
     assert "cold KV cache flushed" in s.log()

@@ -168,7 +168,9 @@ def test_cost_model_rule_and_measurements():
     cost.observe_read(4_000_000, 1.0)  # first measurement replaces the assumption
     assert cost.read_bytes_per_s == pytest.approx(4e6) and cost.read_measured
     cost.observe_read(1_000_000, 1.0)
-    assert cost.read_bytes_per_s == pytest.approx(0.7 * 4e6 + 0.3 * 1e6)
+    assert cost.read_bytes_per_s == pytest.approx(0.7 * 4e6 + 0.3 * 1e6) and cost.num_read_samples == 2
+    cost.observe_prefill(500, 1.0)  # a served prefill moves the start-up measurement
+    assert cost.prefill_tokens_per_s == pytest.approx(0.7 * 1000 + 0.3 * 500) and cost.num_prefill_samples == 1
     assert not cost.decide(0, 0).restore
 
 
