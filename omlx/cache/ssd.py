@@ -8,9 +8,13 @@ maintenance helpers behind ``omlx cache stats|clear|verify``.
 
 Files are indexed by key and by parent: after the last full block of a prompt found on disk,
 :meth:`SSDStore.best_child` finds the file under it (a tail, or a full block) sharing the
-longest common prefix with the rest of the prompt, as the hot tier does. A file whose tokens
-are a strict prefix of a sibling's (same parent) holds nothing the sibling does not: it is
-deleted when the sibling is written (or found at start), and never written after it. The file format itself is
+longest common prefix with the rest of the prompt, as the hot tier does. A file that a longer
+sibling (same parent) *supersedes* holds (almost) nothing the sibling does not: it is deleted
+when the sibling is written (or found at start), and never written after it. Supersedes: the
+sibling agrees with all but at most ``tail_slack_tokens`` of the file's last tokens, and on at
+least 4/5 of them (the hot tier's rule for tails: a finished request's tail ends in generated
+tokens that the next prompt may not repeat exactly; lookup recomputes those few instead of
+storing the shared tokens twice). The file format itself is
 ``omlx.cache.blockfile``. It uses numpy only through that module: it must not import mlx,
 and it does not decide *when* a block is written or restored (``omlx.cache.tiered``).
 """
@@ -126,8 +130,14 @@ def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def _is_strict_prefix(short: array, long: array) -> bool:
-    return len(short) < len(long) and long[: len(short)] == short
+def _supersedes(long: array, short: array, slack: int) -> bool:
+    """Whether the file with tokens ``long`` makes its sibling with tokens ``short`` redundant."""
+    n = len(short)
+    if len(long) <= n:
+        return False
+    shared = _common_prefix_len(long, short)
+    unique = n - shared
+    return unique <= slack and shared >= 4 * unique
 
 
 @dataclass(slots=True)
@@ -197,6 +207,8 @@ class SSDStore:
         max_queue_bytes: most bytes of blocks waiting to be written; more are dropped.
         model_id: recorded in ``namespace.json`` for ``omlx cache stats|clear --model``.
         progress: show a progress bar while rebuilding the index (only on a TTY).
+        tail_slack_tokens: a file whose last tokens differ from a longer sibling's in at most
+            this many (and in at most 1/5 of them) is superseded by it; 0: only exact prefixes.
 
     The index is rebuilt from the namespace's folder in the constructor: headers are parsed,
     files of another format version, namespace or dtype, or truncated ones, are deleted and
@@ -214,12 +226,14 @@ class SSDStore:
         max_queue_bytes: int = 256 * 1024 * 1024,
         model_id: str = "",
         progress: bool = False,
+        tail_slack_tokens: int = 16,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"unsupported KV dtype {dtype!r}; expected one of {sorted(DTYPES)}")
         self.root = Path(root)
         self.namespace = namespace
         self.dtype = dtype
+        self.tail_slack_tokens = max(0, int(tail_slack_tokens))
         self.dir = self.root / namespace.digest()
         self._max_bytes = self._configured_max_bytes = max(0, int(max_bytes))
         self._disk_full_at: float | None = None
@@ -405,17 +419,18 @@ class SSDStore:
         return self.dir / h[:2] / f"{h}{BLOCK_SUFFIX}"
 
     def _covered(self, parent_hash: bytes, tokens: array) -> bool:
-        """Whether a file under ``parent_hash`` holds ``tokens`` and more (lock held)."""
+        """Whether a file under ``parent_hash`` supersedes a file of ``tokens`` (lock held)."""
+        slack = self.tail_slack_tokens
         return any(
-            _is_strict_prefix(tokens, self._index[h].tokens) for h in self._by_parent.get(parent_hash, ())
+            _supersedes(self._index[h].tokens, tokens, slack) for h in self._by_parent.get(parent_hash, ())
         )
 
     def _drop_superseded_by(self, block_hash: bytes) -> None:
-        """Delete unpinned leaf siblings whose tokens are a strict prefix of this file's (lock held)."""
+        """Delete the unpinned leaf siblings that this file supersedes (lock held)."""
         entry = self._index[block_hash]
         for h in list(self._by_parent.get(entry.parent_hash, ())):
             sib = self._index[h]
-            if sib.num_children or sib.num_pins or not _is_strict_prefix(sib.tokens, entry.tokens):
+            if sib.num_children or sib.num_pins or not _supersedes(entry.tokens, sib.tokens, self.tail_slack_tokens):
                 continue
             self._forget(h)
             self._c["superseded"] += 1

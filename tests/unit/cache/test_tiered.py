@@ -421,3 +421,24 @@ def test_best_child_prefers_the_longest_common_prefix(tmp_path: Path):
     assert m is not None and m.num_common == 4 and len(m.token_ids) == 4
     assert store.best_child(parent, [4]) is None and store.best_child(b"x" * 32, [1]) is None
     store.close()
+
+
+def test_a_tail_whose_last_few_tokens_differ_is_superseded_too(tmp_path: Path):
+    """The hot tier's rule: a finished request's tail ends in generated tokens the next prompt may
+    re-tokenize differently; a sibling agreeing on all but <= 16 of them (and 4/5 of them) covers it."""
+    store = SSDStore(tmp_path, NS, dtype="bfloat16", max_bytes=10**9)
+    parent = NS.key()
+    near = list(range(100, 140)) + [7, 7]  # 40 shared + 2 differing tokens
+    far = list(range(100, 110)) + [7] * 20  # 10 shared + 20 differing: kept
+    block = list(range(100, 164))
+    for toks in (near, far, block):
+        store.put(hash_block(parent, toks), parent, toks, kv_for(toks))
+        assert store.flush(10)
+    assert not store.contains(hash_block(parent, near)) and store.contains(hash_block(parent, far))
+    assert store.stats().num_superseded == 1
+    # ... and a new file that an existing sibling supersedes is not written
+    assert store.put(hash_block(parent, near), parent, near, kv_for(near)) and store.flush(10)
+    assert not store.contains(hash_block(parent, near)) and store.stats().num_superseded == 2
+    m = store.best_child(parent, near)  # lookup reuses the 40 shared tokens of the block
+    assert m is not None and m.num_common == 40 and len(m.token_ids) == 64
+    store.close()
