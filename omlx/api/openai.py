@@ -45,7 +45,9 @@ def usage_json(u: Usage) -> dict[str, Any]:
         "prompt_tokens": u.num_prompt_tokens,
         "completion_tokens": u.num_completion_tokens,
         "total_tokens": u.num_prompt_tokens + u.num_completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.num_cached_tokens},
+        # cached_tokens counts both tiers (OpenAI's meaning); the SSD tier's share is extra.
+        "prompt_tokens_details": {"cached_tokens": u.num_cached_tokens,
+                                  "cached_tokens_cold": u.num_cached_tokens_cold},
     }
 
 

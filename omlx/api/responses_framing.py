@@ -39,7 +39,8 @@ def usage_json(u: Usage) -> dict[str, Any]:
     """Responses ``usage``; ``cached_tokens`` is the prompt prefix reused from the KV cache."""
     return {
         "input_tokens": u.num_prompt_tokens,
-        "input_tokens_details": {"cached_tokens": u.num_cached_tokens},
+        "input_tokens_details": {"cached_tokens": u.num_cached_tokens,
+                                 "cached_tokens_cold": u.num_cached_tokens_cold},
         "output_tokens": u.num_completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": u.num_prompt_tokens + u.num_completion_tokens,

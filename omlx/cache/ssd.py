@@ -4,7 +4,17 @@ This module owns what is on disk under ``<cache-dir>/<namespace digest>/``: the 
 index rebuilt from the files at start (a block's parent, size and recency), the byte budget
 (least recently used leaves first, pinned blocks never), the bounded write queue and its
 writer thread, reads that delete and count a bad file instead of serving it, and the
-maintenance helpers behind ``omlx cache stats|clear|verify``. The file format itself is
+maintenance helpers behind ``omlx cache stats|clear|verify``.
+
+Files are indexed by key and by parent: after the last full block of a prompt found on disk,
+:meth:`SSDStore.best_child` finds the file under it (a tail, or a full block) sharing the
+longest common prefix with the rest of the prompt, as the hot tier does. A file that a longer
+sibling (same parent) *supersedes* holds (almost) nothing the sibling does not: it is deleted
+when the sibling is written (or found at start), and never written after it. Supersedes: the
+sibling agrees with all but at most ``tail_slack_tokens`` of the file's last tokens, and on at
+least 4/5 of them (the hot tier's rule for tails: a finished request's tail ends in generated
+tokens that the next prompt may not repeat exactly; lookup recomputes those few instead of
+storing the shared tokens twice). The file format itself is
 ``omlx.cache.blockfile``. It uses numpy only through that module: it must not import mlx,
 and it does not decide *when* a block is written or restored (``omlx.cache.tiered``).
 """
@@ -20,6 +30,7 @@ import shutil
 import sys
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +55,7 @@ from omlx.cache.blockfile import (
 from omlx.cache.hashing import HASH_NUM_BYTES, Namespace
 
 __all__ = [
+    "ChildMatch",
     "ColdStats",
     "NamespaceSummary",
     "SSDStore",
@@ -87,8 +99,45 @@ class _Entry:
     parent_hash: bytes
     num_bytes: int
     tick: int
+    tokens: array  # the file's token ids, uint32 (4 bytes a token: the index stays small)
     num_children: int = 0
     num_pins: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChildMatch:
+    """A file under a parent whose first tokens match a prompt's (see :meth:`SSDStore.best_child`).
+
+    Attributes:
+        block_hash: the file's key.
+        token_ids: all of the file's tokens (read and validate with these).
+        num_common: leading tokens shared with the prompt (``>= 1``); the KV of exactly these
+            is reusable (causal attention).
+        num_bytes: the file's size.
+    """
+
+    block_hash: bytes
+    token_ids: tuple[int, ...]
+    num_common: int
+    num_bytes: int
+
+
+def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _supersedes(long: array, short: array, slack: int) -> bool:
+    """Whether the file with tokens ``long`` makes its sibling with tokens ``short`` redundant."""
+    n = len(short)
+    if len(long) <= n:
+        return False
+    shared = _common_prefix_len(long, short)
+    unique = n - shared
+    return unique <= slack and shared >= 4 * unique
 
 
 @dataclass(slots=True)
@@ -117,6 +166,8 @@ class ColdStats:
         num_bad_files: files found invalid (at start or on read) and deleted.
         num_missing: index entries whose file had vanished (deleted by someone else).
         num_evictions, num_evicted_bytes: files deleted for the budget.
+        num_superseded: files deleted (or not written) because a sibling under the same
+            parent holds the same tokens and more (a tail that a longer tail or block covers).
     """
 
     num_files: int
@@ -139,6 +190,7 @@ class ColdStats:
     num_missing: int
     num_evictions: int
     num_evicted_bytes: int
+    num_superseded: int = 0
 
 
 class SSDStore:
@@ -155,10 +207,13 @@ class SSDStore:
         max_queue_bytes: most bytes of blocks waiting to be written; more are dropped.
         model_id: recorded in ``namespace.json`` for ``omlx cache stats|clear --model``.
         progress: show a progress bar while rebuilding the index (only on a TTY).
+        tail_slack_tokens: a file whose last tokens differ from a longer sibling's in at most
+            this many (and in at most 1/5 of them) is superseded by it; 0: only exact prefixes.
 
     The index is rebuilt from the namespace's folder in the constructor: headers are parsed,
     files of another format version, namespace or dtype, or truncated ones, are deleted and
-    counted as bad; stale temp files of dead writers are deleted.
+    counted as bad; stale temp files of dead writers are deleted; files superseded by a
+    sibling are deleted.
     """
 
     def __init__(
@@ -171,12 +226,14 @@ class SSDStore:
         max_queue_bytes: int = 256 * 1024 * 1024,
         model_id: str = "",
         progress: bool = False,
+        tail_slack_tokens: int = 16,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"unsupported KV dtype {dtype!r}; expected one of {sorted(DTYPES)}")
         self.root = Path(root)
         self.namespace = namespace
         self.dtype = dtype
+        self.tail_slack_tokens = max(0, int(tail_slack_tokens))
         self.dir = self.root / namespace.digest()
         self._max_bytes = self._configured_max_bytes = max(0, int(max_bytes))
         self._disk_full_at: float | None = None
@@ -184,6 +241,7 @@ class SSDStore:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._index: dict[bytes, _Entry] = {}
+        self._by_parent: dict[bytes, set[bytes]] = {}
         self._heap: list[tuple[int, bytes]] = []
         self._clock = 0
         self._num_bytes = 0
@@ -197,7 +255,7 @@ class SSDStore:
         self._warned_full = False
         self._c = dict.fromkeys(
             ("writes", "written_bytes", "write_errors", "disk_full", "queue_drops", "budget_drops",
-             "reads", "read_bytes", "bad_files", "missing", "evictions", "evicted_bytes"), 0)
+             "reads", "read_bytes", "bad_files", "missing", "evictions", "evicted_bytes", "superseded"), 0)
         self._read_s = 0.0
         self._write_s = 0.0
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -240,13 +298,14 @@ class SSDStore:
                     if len(block_hash) != HASH_NUM_BYTES or path.parent.name != block_hash.hex()[:2]:
                         raise BadBlockError("file name is not <hh>/<64 hex>.safetensors")
                     header, size, mtime = read_header(path)
-                    parent, _ = check_metadata(header.metadata, self.namespace, block_hash, None, None, self.dtype)
+                    parent, tokens = check_metadata(header.metadata, self.namespace, block_hash, None, None,
+                                                    self.dtype)
                 except FileNotFoundError:
                     continue
                 except (BadBlockError, ValueError, OSError) as exc:
                     self._delete_bad(path, str(exc))
                     continue
-                found.append((mtime, block_hash, _Entry(parent, size, 0)))
+                found.append((mtime, block_hash, _Entry(parent, size, 0, array("I", tokens))))
         finally:
             close()
         found.sort(key=lambda x: x[0])  # oldest first: least recently used
@@ -254,6 +313,7 @@ class SSDStore:
             self._clock += 1
             entry.tick = self._clock
             self._index[block_hash] = entry
+            self._by_parent.setdefault(entry.parent_hash, set()).add(block_hash)
             self._num_bytes += entry.num_bytes
         for block_hash, entry in self._index.items():
             parent = self._index.get(entry.parent_hash)
@@ -263,6 +323,10 @@ class SSDStore:
             if entry.num_children == 0:
                 self._heap.append((entry.tick, block_hash))
         heapq.heapify(self._heap)
+        with self._lock:
+            for block_hash in list(self._index):
+                if block_hash in self._index:
+                    self._drop_superseded_by(block_hash)
 
     def _delete_bad(self, path: Path, reason: str) -> None:
         logger.warning("cold KV cache: deleting bad block file %s (%s)", path.name, reason)
@@ -321,10 +385,11 @@ class SSDStore:
             if entry.num_children == 0:
                 heapq.heappush(self._heap, (entry.tick, block_hash))
 
-    def _add(self, block_hash: bytes, parent_hash: bytes, num_bytes: int) -> None:
+    def _add(self, block_hash: bytes, parent_hash: bytes, num_bytes: int, tokens: Sequence[int]) -> None:
         self._clock += 1
-        entry = _Entry(parent_hash, num_bytes, self._clock)
+        entry = _Entry(parent_hash, num_bytes, self._clock, array("I", tokens))
         self._index[block_hash] = entry
+        self._by_parent.setdefault(parent_hash, set()).add(block_hash)
         self._num_bytes += num_bytes
         parent = self._index.get(parent_hash)
         if parent is not None:
@@ -336,6 +401,11 @@ class SSDStore:
         entry = self._index.pop(block_hash, None)
         if entry is None:
             return None
+        siblings = self._by_parent.get(entry.parent_hash)
+        if siblings is not None:
+            siblings.discard(block_hash)
+            if not siblings:
+                del self._by_parent[entry.parent_hash]
         self._num_bytes -= entry.num_bytes
         parent = self._index.get(entry.parent_hash)
         if parent is not None:
@@ -343,6 +413,62 @@ class SSDStore:
             if parent.num_children == 0 and parent.num_pins == 0:
                 heapq.heappush(self._heap, (parent.tick, entry.parent_hash))
         return entry
+
+    def _path(self, block_hash: bytes) -> Path:
+        h = block_hash.hex()
+        return self.dir / h[:2] / f"{h}{BLOCK_SUFFIX}"
+
+    def _covered(self, parent_hash: bytes, tokens: array) -> bool:
+        """Whether a file under ``parent_hash`` supersedes a file of ``tokens`` (lock held)."""
+        slack = self.tail_slack_tokens
+        return any(
+            _supersedes(self._index[h].tokens, tokens, slack) for h in self._by_parent.get(parent_hash, ())
+        )
+
+    def _drop_superseded_by(self, block_hash: bytes) -> None:
+        """Delete the unpinned leaf siblings that this file supersedes (lock held)."""
+        entry = self._index[block_hash]
+        for h in list(self._by_parent.get(entry.parent_hash, ())):
+            sib = self._index[h]
+            if sib.num_children or sib.num_pins or not _supersedes(entry.tokens, sib.tokens, self.tail_slack_tokens):
+                continue
+            self._forget(h)
+            self._c["superseded"] += 1
+            try:
+                self._path(h).unlink()
+            except OSError:
+                pass
+
+    def best_child(self, parent_hash: bytes, token_ids: Sequence[int]) -> ChildMatch | None:
+        """The file under ``parent_hash`` sharing the longest common prefix with ``token_ids``.
+
+        Mirrors the hot tier's partial reuse (``BlockPool.lookup``): the first ``num_common``
+        tokens of a file chained from the same parent are exactly the KV a prompt starting with
+        them computes. Ties go to the most recently used file.
+
+        Args:
+            parent_hash: key of the last block matched (``namespace.key()`` at the start).
+            token_ids: the prompt's tokens after that block (at most ``block_size``).
+
+        Returns:
+            The best match, or ``None`` when no file under the parent shares a first token.
+        """
+        if not token_ids:
+            return None
+        first = token_ids[0]
+        best: tuple[int, int] = (0, 0)
+        found: tuple[bytes, _Entry] | None = None
+        with self._lock:
+            for h in self._by_parent.get(parent_hash, ()):
+                e = self._index[h]
+                if not e.tokens or e.tokens[0] != first:
+                    continue
+                score = (_common_prefix_len(e.tokens, token_ids), e.tick)
+                if score > best:
+                    best, found = score, (h, e)
+            if found is None:
+                return None
+            return ChildMatch(found[0], tuple(found[1].tokens), best[0], found[1].num_bytes)
 
     def _make_room(self, num_bytes: int, *, protect: bytes | None) -> bool:
         """Evict least recently used unpinned leaves until ``num_bytes`` more fit."""
@@ -405,6 +531,9 @@ class SSDStore:
                 return False
             if block_hash in self._index or block_hash in self._pending:
                 return True
+            if self._covered(parent_hash, array("I", job.token_ids)):
+                self._c["superseded"] += 1
+                return True
             while self._queued_bytes + job.num_bytes > self._max_queue_bytes and self._pending:
                 if wait:
                     self._cond.wait(1.0)
@@ -458,6 +587,9 @@ class SSDStore:
         with self._lock:
             if block_hash in self._index:
                 return
+            if self._covered(job.parent_hash, array("I", job.token_ids)):
+                self._c["superseded"] += 1
+                return
             self._maybe_regrow_budget()
             if not self._make_room(len(data), protect=job.parent_hash):
                 self._c["budget_drops"] += 1
@@ -485,7 +617,8 @@ class SSDStore:
             return
         with self._lock:
             self._pin_parent(job.parent_hash, -1)
-            self._add(block_hash, job.parent_hash, len(data))
+            self._add(block_hash, job.parent_hash, len(data), job.token_ids)
+            self._drop_superseded_by(block_hash)
             self._c["writes"] += 1
             self._c["written_bytes"] += len(data)
             self._write_s += time.monotonic() - t0
@@ -607,6 +740,7 @@ class SSDStore:
             self._high.clear()
             self._low.clear()
             self._index.clear()
+            self._by_parent.clear()
             self._heap.clear()
             self._num_bytes = 0
         for h in hashes:
@@ -658,6 +792,7 @@ class SSDStore:
                 num_reads=c["reads"], num_read_bytes=c["read_bytes"], read_s=self._read_s,
                 num_bad_files=c["bad_files"], num_missing=c["missing"],
                 num_evictions=c["evictions"], num_evicted_bytes=c["evicted_bytes"],
+                num_superseded=c["superseded"],
             )
 
     def write_bytes_per_s(self) -> float | None:

@@ -4,16 +4,20 @@ This module owns the policy between the hot tier (``omlx.cache.paged.BlockPool``
 the cold tier (``omlx.cache.ssd.SSDStore``, disk):
 
 * **Write-back**: a full block evicted from RAM is queued for disk at high priority.
-* **Write-through**: every newly registered full block is queued at low priority (so a
-  kill -9 loses only what was still in the queue), and a block hit ``write_through_hits``
-  times is queued at high priority (in case its low-priority write was dropped).
+* **Write-through**: every newly registered full block and tail is queued at low priority
+  (so a kill -9 loses only what was still in the queue), and a block hit
+  ``write_through_hits`` times is queued at high priority (in case its low-priority write was
+  dropped). A tail that a longer sibling on disk covers is not written, and is deleted from
+  disk when such a sibling is written (``SSDStore``): bytes stay linear in unique tokens.
 * **Restore-on-lookup**: after the hot lookup stops, the chain continues on disk (key of the
-  next block under the last parent found; the index says whether its file exists). The
+  next block under the last parent found; the index says whether its file exists), then the
+  longest common prefix with one file under the last block found (a tail or a full block,
+  as the hot tier reuses a partial block; beaten by the hot tier's own partial if longer). The
   blocks are restored, read ahead by reader threads while earlier ones are converted and
   registered, only when ``bytes / read bandwidth < tokens / prefill rate``
   (:class:`RestoreCostModel`); the decision is logged.
-* **Flush** on close: the hot tier's registered blocks are written back so a clean restart
-  restores everything.
+* **Flush** on close: the hot tier's registered blocks and tails are written back so a clean
+  restart restores everything.
 
 Pure Python: payloads are opaque, a :class:`PayloadCodec` from the engine turns them into
 numpy :class:`HostBlock` and back, always on the calling (engine) thread. It must not import
@@ -66,8 +70,8 @@ class TierPolicy:
     Attributes:
         write_through_hits: queue a hot block for disk (high priority) once it was hit this
             many times; 0 turns this off.
-        write_new_blocks: queue every newly registered full block (low priority) so that a
-            crash loses only the write queue.
+        write_new_blocks: queue every newly registered full block and tail (low priority)
+            so that a crash loses only the write queue.
         assumed_read_bytes_per_s: read bandwidth assumed before any read was measured
             (conservative: a slow SATA disk).
         assumed_prefill_tokens_per_s: prefill rate assumed when the engine measured none
@@ -131,6 +135,8 @@ class RestoreCostModel:
         self.read_bytes_per_s = read_bytes_per_s or policy.assumed_read_bytes_per_s
         self.prefill_measured = prefill_tokens_per_s is not None
         self.read_measured = read_bytes_per_s is not None
+        self.num_prefill_samples = 0  # served prefills observed (not the start-up measurement)
+        self.num_read_samples = 0
 
     def observe_read(self, num_bytes: int, seconds: float) -> None:
         """Record a restore of ``num_bytes`` that took ``seconds`` end to end."""
@@ -141,6 +147,7 @@ class RestoreCostModel:
             rate = (1 - self._WEIGHT) * self.read_bytes_per_s + self._WEIGHT * rate
         self.read_bytes_per_s = rate
         self.read_measured = True
+        self.num_read_samples += 1
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """Record a prefill of ``num_tokens`` that took ``seconds``."""
@@ -151,6 +158,7 @@ class RestoreCostModel:
             rate = (1 - self._WEIGHT) * self.prefill_tokens_per_s + self._WEIGHT * rate
         self.prefill_tokens_per_s = rate
         self.prefill_measured = True
+        self.num_prefill_samples += 1
 
     def decide(self, num_bytes: int, num_tokens: int) -> RestoreDecision:
         """Compare reading ``num_bytes`` with prefilling ``num_tokens``."""
@@ -194,6 +202,7 @@ class _Planned:
     token_ids: list[int]
     num_use: int
     num_bytes: int
+    partial: bool = False  # the last item: a file of which only ``num_use`` leading tokens match
 
 
 class TieredCache:
@@ -300,6 +309,11 @@ class TieredCache:
             plan.append(_Planned(block_hash, parent, tokens, min(bs, limit - pos), size))
             parent = block_hash
             pos += bs
+        rest = token_ids[pos : min(limit, pos + bs)]
+        child = self.store.best_child(parent, rest) if rest else None
+        if child is not None:
+            plan.append(_Planned(child.block_hash, parent, list(child.token_ids), child.num_common,
+                                 child.num_bytes, partial=True))
         return plan
 
     def _restore(
@@ -342,7 +356,7 @@ class TieredCache:
                     break
                 payload, num_bytes = self.codec.from_host(host)
                 if registering:
-                    block = self.pool.register(self.namespace, item.parent_hash, item.token_ids, payload, num_bytes)
+                    block = self._register(item, payload, num_bytes)
                     if block is None:
                         registering = False  # hot tier full: use the rest for this request only
                     else:
@@ -366,6 +380,12 @@ class TieredCache:
             self.num_restored_bytes += restored_bytes
         return restored_tokens
 
+    def _register(self, item: _Planned, payload: object, num_bytes: int) -> KVBlock | None:
+        """Register a restored block (or tail) in the hot tier, held once; ``None`` if it does not fit."""
+        if len(item.token_ids) < self.block_size:
+            return self.pool.register_tail(self.namespace, item.parent_hash, item.token_ids, payload, num_bytes)
+        return self.pool.register(self.namespace, item.parent_hash, item.token_ids, payload, num_bytes)
+
     def _submit_read(self, item: _Planned) -> Future[HostBlock | None]:
         assert self.store is not None
         queued = self.store.pending(item.block_hash)
@@ -388,7 +408,7 @@ class TieredCache:
 
         Blocks already cached are not copied again; when the hot budget is exhausted the
         rest of the chain is skipped (a chain is only useful from its start). New full blocks
-        are queued for disk at low priority when ``write_new_blocks``.
+        and the tail are queued for disk at low priority when ``write_new_blocks``.
 
         Args:
             token_ids: the sequence's tokens (prompt and generated).
@@ -424,6 +444,8 @@ class TieredCache:
                 block = self.pool.register_tail(self.namespace, parent, tail, payload, num_bytes)
                 if block is not None:
                     held.append(block)
+                    if self.policy.write_new_blocks:
+                        self._write(block, high=False)
         finally:
             self.pool.release(held)
 
@@ -442,7 +464,7 @@ class TieredCache:
     def _write(self, block: KVBlock, *, high: bool, wait: bool = False) -> None:
         store = self.store
         h = block.block_hash
-        if store is None or h is None or block.is_tail or block.payload is None:
+        if store is None or h is None or block.payload is None:
             return
         if store.contains(h) or store.is_pending(h):
             return
@@ -519,10 +541,12 @@ class TieredCache:
             "num_queued_bytes": s.num_queued_bytes,
             "num_evictions": s.num_evictions,
             "num_evicted_bytes": s.num_evicted_bytes,
+            "num_superseded_files": s.num_superseded,
             "num_scanned_files": s.num_scanned_files,
             "scan_s": round(s.scan_s, 3),
             "read_bytes_per_s": round(self.cost.read_bytes_per_s),
             "read_bandwidth_measured": self.cost.read_measured,
             "prefill_tokens_per_s": round(self.cost.prefill_tokens_per_s, 1),
             "prefill_rate_measured": self.cost.prefill_measured,
+            "num_prefill_samples": self.cost.num_prefill_samples,
         }

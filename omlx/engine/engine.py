@@ -50,6 +50,8 @@ Sink = Callable[[GenerationEvent], None]
 
 #: How many failed batch steps one request survives (its batch is rebuilt and it is retried).
 MAX_STEP_RETRIES = 2
+#: Shorter prefills are not fed to the restore cost model (fixed per-step costs dominate them).
+_MIN_OBSERVED_PREFILL = 64
 
 
 class PrefixLease(Protocol):
@@ -583,6 +585,7 @@ class Engine:
             st.first_token_s = now
             if not st.processors and self.prefix_cache is not None:
                 st.first_logprobs = r.logprobs
+            self._observe_prefill(st, now)
         is_eos = r.finish_reason == "stop"
         if not is_eos:
             if self.fault_plan is not None and st.num_generated == 0 and self.fault_plan.hits("detokenize", st.request.sampling.seed):
@@ -604,6 +607,14 @@ class Engine:
         elif r.finish_reason is not None:
             self._finish(st, "stop" if is_eos else "length", remove=False,
                          prompt_cache=r.prompt_cache, all_tokens=r.all_tokens)
+
+    def _observe_prefill(self, st: _Running, now: float) -> None:
+        """Give the cache's restore cost model a real prefill rate: only a request that was
+        alone in the batch from insert to first token (no other request's steps in its time)."""
+        observe = getattr(self.prefix_cache, "observe_prefill", None)
+        num_tokens = len(st.request.prompt_token_ids) - st.num_cached_tokens
+        if observe is not None and len(self._by_uid) == 1 and num_tokens >= _MIN_OBSERVED_PREFILL:
+            observe(num_tokens, now - st.start_s)
 
     def _drop(self, st: _Running, *, remove: bool) -> None:
         """Forget a request and free its slot and lease, without any event."""

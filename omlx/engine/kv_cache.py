@@ -312,6 +312,12 @@ class PrefixCacheTiers:
         with self._lock:
             self.tiers.store_sequence(token_ids, prompt_cache[0].offset, payload)
 
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """Feed a measured prefill (``num_tokens`` computed in ``seconds``, the request alone in
+        the batch) to the restore cost model, so restore-or-recompute follows the real rate."""
+        with self._lock:
+            self.tiers.cost.observe_prefill(num_tokens, seconds)
+
     def release(self, lease: Lease) -> None:
         with self._lock:
             if not lease.released:

@@ -114,6 +114,8 @@ def test_restart_replays_from_the_ssd_tier(tmp_path):
     assert r["config"]["managed_server"] is True
     steps = r["scenarios"]["restart"]
     cold, after = steps["cold"]["base"]["figures"], steps["after_restart"]["base"]["figures"]
-    assert cold["cached_tokens"]["median"] <= 16  # at most the chat template's first block (the warm-up's)
+    # at most the chat template prefix the warm-up chat shares (its blocks and, reused in part
+    # like the hot tier does, its next block from disk): well short of the ~96-token prompt
+    assert cold["cached_tokens"]["median"] <= 32
     assert after["cached_tokens"]["median"] >= after["prompt_tokens"]["median"] - 16  # back from SSD
     assert after["restart_s"]["median"] > 0

@@ -4,6 +4,9 @@ for token. Faults (kill -9 in a loop while writing, truncated / flipped / old-fo
 of another model) never produce a wrong output, a crash or a stuck server, and are counted.
 
 Prompts are token ids (the completions API accepts them), so the test knows every block's key.
+Prompt A is not a multiple of the block size: its partial last block (the *tail*, with the
+generated tokens after it) goes to disk too, and after a restart its common prefix with the
+prompt is reused (`cached_tokens` = every prompt token but the last).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from omlx.cache.blockfile import block_path
+from omlx.cache.blockfile import block_path, read_header
 from omlx.cache.hashing import Namespace, block_hashes
 from omlx.cache.ssd import verify_cache_dir
 from tests.helpers import MODEL_ID, ServerProcess, default_model_dir
@@ -106,12 +109,22 @@ def warm_cache(tmp_path_factory, plain, prompt_a):
     base = tmp_path_factory.mktemp("ssd-warm")
     s = _server(base)
     try:
+        rate_at_start = _cold(s)["prefill_tokens_per_s"]
         text, usage = _complete(s, prompt_a)
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "cached_tokens_cold": 0}
         assert text == plain(prompt_a)
+        # The restore-or-recompute rule follows this real prefill (alone in the batch).
+        cold = _cold(s)
+        assert cold["num_prefill_samples"] == 1 and cold["prefill_tokens_per_s"] != rate_at_start
     finally:
         s.stop()  # SIGTERM: a clean stop flushes the hot tier
     assert "cold KV cache flushed" in s.log()
+    ns_dir, ns = _namespace(base / "cache")
+    keys = block_hashes(ns, prompt_a, BS)
+    assert all(block_path(base / "cache", ns, k).exists() for k in keys)
+    # 1 tail after block 8: the prompt's last 44 tokens and the 7 generated ones with KV
+    parents = [read_header(p)[0].metadata["parent_hash"] for p in ns_dir.rglob("*.safetensors")]
+    assert parents.count(keys[-1].hex()) == 1
     pristine = tmp_path_factory.mktemp("ssd-pristine") / "cache"
     shutil.copytree(base / "cache", pristine)
     return base, pristine
@@ -125,16 +138,40 @@ def test_clean_restart_restores_the_prefix_from_disk(warm_cache, plain, prompt_a
         assert cold_at_start["num_scanned_files"] >= 9 and cold_at_start["num_bad_files"] == 0
         text, usage = _complete(s, prompt_a)
         assert text == plain(prompt_a)
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 9 * BS
-        cold = _cold(s)
-        assert cold["num_hits"] == 1 and cold["num_hit_tokens"] == 9 * BS and cold["num_restored_blocks"] == 9
+        n = len(prompt_a) - 1  # 9 blocks + 43 tokens of the tail: all but the last prompt token
+        assert usage["prompt_tokens_details"] == {"cached_tokens": n, "cached_tokens_cold": n}
+        cold = _cold(s)  # (the start-up warm-up chat may have restored its own tail)
+        delta = {k: cold[k] - cold_at_start[k] for k in ("num_hits", "num_hit_tokens", "num_restored_blocks")}
+        assert delta == {"num_hits": 1, "num_hit_tokens": n, "num_restored_blocks": 10}
         # Warm again (hot tier now): still the same output, nothing more from disk.
         again, usage = _complete(s, prompt_a)
         assert again == text and usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a)  # whole-prompt hit
-        assert _cold(s)["num_hit_tokens"] == 9 * BS
+        assert usage["prompt_tokens_details"]["cached_tokens_cold"] == 0
+        assert _cold(s)["num_hit_tokens"] == cold["num_hit_tokens"]
     finally:
         s.stop()
-    assert "restoring 9 block(s)" in s.log()
+    assert "restoring 10 block(s)" in s.log()
+
+
+def test_a_follow_up_turn_after_a_restart_reuses_the_whole_tail_from_disk(warm_cache, plain, prompt_a, tmp_path):
+    """The agent-trace case: turn N+1 extends turn N's prompt and reply. After a restart, its
+    prefix up to the end of turn N's KV (full blocks and the tail) comes from disk, exactly."""
+    _, pristine = warm_cache
+    shutil.copytree(pristine, tmp_path / "cache")
+    reply = _tokenize(plain(prompt_a))
+    follow_up = prompt_a + reply + _tokenize("\nQuestion: and which shipped the fewest? Answer:")
+    s = _server(tmp_path)
+    try:
+        text, usage = _complete(s, follow_up)
+        assert text == plain(follow_up)
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        # the tail holds the prompt's last 44 tokens and 7 generated ones (when the reply
+        # re-tokenizes to the generated ids, all of them match)
+        assert len(prompt_a) <= cached <= len(prompt_a) + 7
+        assert usage["prompt_tokens_details"]["cached_tokens_cold"] == cached
+        assert cached % BS != 0  # not block-aligned: the tail was reused
+    finally:
+        s.stop()
 
 
 def test_kill9_restart_restores_written_through_blocks(tmp_path, plain, prompt_a):
@@ -142,15 +179,15 @@ def test_kill9_restart_restores_written_through_blocks(tmp_path, plain, prompt_a
     try:
         text, _ = _complete(s, prompt_a)
         assert text == plain(prompt_a)
-        _wait_written(s, 9)  # write-through of new blocks, off the request path
+        _wait_written(s, 11)  # write-through of new blocks and the tails (+ warm-up's), off the request path
     finally:
         s.stop(signal.SIGKILL)
     s = _server(tmp_path)
     try:
         text, usage = _complete(s, prompt_a)
         assert text == plain(prompt_a)
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 9 * BS
-        assert _cold(s)["num_hit_tokens"] == 9 * BS
+        assert usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a) - 1
+        assert usage["prompt_tokens_details"]["cached_tokens_cold"] == len(prompt_a) - 1
     finally:
         s.stop()
 
@@ -228,13 +265,15 @@ def test_corrupt_and_foreign_files_are_detected_counted_and_recomputed(warm_cach
 
     s = _server(tmp_path)
     try:
-        assert _cold(s)["num_bad_files"] == 2  # truncated + old version, at the index rebuild
+        start = _cold(s)
+        assert start["num_bad_files"] == 2  # truncated + old version, at the index rebuild
         text, usage = _complete(s, prompt_a)
         assert text == plain(prompt_a)
         cold = _cold(s)
         assert cold["num_bad_files"] == 3  # + the flipped byte, on read
-        assert cold["num_hit_tokens"] == 2 * BS  # blocks 0 and 1; the rest was recomputed
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 2 * BS
+        # blocks 0 and 1; the rest was recomputed (start: the warm-up chat's own tail)
+        assert cold["num_hit_tokens"] - start["num_hit_tokens"] == 2 * BS
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 2 * BS, "cached_tokens_cold": 2 * BS}
         again, usage = _complete(s, prompt_a)
         assert again == text and usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a)  # whole-prompt hit
     finally:

@@ -74,7 +74,7 @@ def test_text_stream_order_and_shape_match_accepted_fixture():
     assert done["item"]["status"] == "completed"
     final = events[-1]["response"]
     assert final["status"] == "completed" and final["output"] == [done["item"]]
-    assert final["usage"] == {"input_tokens": 13, "input_tokens_details": {"cached_tokens": 8}, "output_tokens": 5,
+    assert final["usage"] == {"input_tokens": 13, "input_tokens_details": {"cached_tokens": 8, "cached_tokens_cold": 0}, "output_tokens": 5,
                               "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 18}
     # lifecycle snapshots are copies: response.created still shows an empty, in-progress response
     assert events[0]["response"]["output"] == [] and events[0]["response"]["status"] == "in_progress"

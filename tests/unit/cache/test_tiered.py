@@ -85,12 +85,13 @@ def cached_kv(hit) -> np.ndarray:
 SEQ = list(range(1, 15))  # 3 full blocks + a tail of 2
 
 
-def test_new_full_blocks_are_written_through_at_registration(tmp_path: Path):
+def test_new_full_blocks_and_tail_are_written_through_at_registration(tmp_path: Path):
     tiers = tiers_for(tmp_path)
     run(tiers, SEQ)
     assert tiers.flush(10)
     assert [tiers.store.contains(h) for h in hashes(SEQ)] == [True, True, True]
-    assert tiers.store.stats().num_files == 3  # the tail never goes to disk
+    tail = hash_block(hashes(SEQ)[-1], SEQ[12:])
+    assert tiers.store.contains(tail) and tiers.store.stats().num_files == 4
 
 
 def test_write_back_on_eviction(tmp_path: Path):
@@ -167,7 +168,9 @@ def test_cost_model_rule_and_measurements():
     cost.observe_read(4_000_000, 1.0)  # first measurement replaces the assumption
     assert cost.read_bytes_per_s == pytest.approx(4e6) and cost.read_measured
     cost.observe_read(1_000_000, 1.0)
-    assert cost.read_bytes_per_s == pytest.approx(0.7 * 4e6 + 0.3 * 1e6)
+    assert cost.read_bytes_per_s == pytest.approx(0.7 * 4e6 + 0.3 * 1e6) and cost.num_read_samples == 2
+    cost.observe_prefill(500, 1.0)  # a served prefill moves the start-up measurement
+    assert cost.prefill_tokens_per_s == pytest.approx(0.7 * 1000 + 0.3 * 500) and cost.num_prefill_samples == 1
     assert not cost.decide(0, 0).restore
 
 
@@ -197,9 +200,10 @@ def test_cold_blocks_supersede_a_shorter_hot_partial(tmp_path: Path):
     tail = second.pool.register_tail(NS, hashes(SEQ)[0], SEQ[4:6], kv_for(SEQ[4:6]), BLOCK_BYTES // 2)
     second.pool.release([tail])
     hit = second.acquire(SEQ)
-    assert hit.num_cached_tokens == 12 and hit.num_cached_tokens_cold == 8
+    # blocks 1 and 2 and 1 token of the tail [13, 14] (the last prompt token is never cached)
+    assert hit.num_cached_tokens == 13 and hit.num_cached_tokens_cold == 9
     assert tail.ref_count == 0  # the hot partial was released, not leaked
-    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:12]).layers[0][0])
+    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:13]).layers[0][0])
     second.release(hit)
     assert all(b.ref_count == 0 for b in second.pool.blocks())
 
@@ -210,8 +214,8 @@ def test_restored_blocks_beyond_the_hot_budget_are_still_used(tmp_path: Path):
     first.close(10)
     second = tiers_for(tmp_path, pool_bytes=BLOCK_BYTES)
     hit = second.acquire(SEQ)
-    assert hit.num_cached_tokens == 12 and hit.num_cached_tokens_cold == 12
-    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:12]).layers[0][0])
+    assert hit.num_cached_tokens == 13 and hit.num_cached_tokens_cold == 13
+    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:13]).layers[0][0])
     assert second.pool.num_bytes <= BLOCK_BYTES
     second.release(hit)
 
@@ -222,7 +226,8 @@ def test_close_writes_back_every_hot_block(tmp_path: Path):
     run(tiers, [50 + i for i in range(8)])
     assert tiers.store.stats().num_files == 0
     assert tiers.close(10)
-    assert SSDStore(tmp_path, NS, dtype="bfloat16", max_bytes=10**9).stats().num_files == 5
+    # SEQ: 3 blocks + its tail; the second sequence: 2 blocks
+    assert SSDStore(tmp_path, NS, dtype="bfloat16", max_bytes=10**9).stats().num_files == 6
 
 
 def test_a_block_still_in_the_write_queue_is_restored_from_memory(tmp_path: Path):
@@ -271,7 +276,7 @@ def test_changed_kv_format_or_weights_is_a_miss_never_concatenated(tmp_path: Pat
     second.release(hit)
     assert store.stats().num_files == 0 and store.stats().num_reads == 0
     # The old namespace's files are untouched (another server may still use them).
-    assert SSDStore(tmp_path, before, dtype="bfloat16", max_bytes=10**9).stats().num_files == 3
+    assert SSDStore(tmp_path, before, dtype="bfloat16", max_bytes=10**9).stats().num_files == 4
 
 
 def test_without_a_store_the_cache_is_ram_only(tmp_path: Path):
@@ -282,3 +287,158 @@ def test_without_a_store_the_cache_is_ram_only(tmp_path: Path):
     assert hit.num_cached_tokens == 13 and hit.num_cached_tokens_cold == 0
     tiers.release(hit)
     assert tiers.cold_stats() is None and tiers.close() and pool.on_evict is None
+
+
+# ---- tails on disk ------------------------------------------------------------------------
+
+TAIL_POLICY = TierPolicy(write_new_blocks=False, write_through_hits=0)  # disk only at close
+
+
+def tail_hash(tokens: list[int]) -> bytes:
+    """Key of the tail after the last full block of ``tokens``."""
+    full = len(tokens) // BS * BS
+    return hash_block(hashes(tokens)[-1] if full else NS.key(), tokens[full:])
+
+
+def test_a_tail_written_at_close_is_restored_with_its_common_prefix(tmp_path: Path):
+    first = tiers_for(tmp_path, policy=TAIL_POLICY)
+    run(first, SEQ)  # 3 blocks + tail [13, 14]
+    assert first.store.stats().num_files == 0
+    assert first.close(10)
+    second = tiers_for(tmp_path)
+    assert second.store.contains(tail_hash(SEQ))
+    # A follow-up turn extends the sequence: the whole tail is reused (14 tokens).
+    hit = second.acquire(SEQ + [70, 71])
+    assert hit.num_cached_tokens == 14 and hit.num_cached_tokens_cold == 14
+    assert np.array_equal(cached_kv(hit), kv_for(SEQ).layers[0][0])
+    second.release(hit)
+    # The restored tail is registered in the hot tier: the next lookup needs no disk.
+    reads = second.store.stats().num_reads
+    hit = second.acquire(SEQ[:13] + [77, 78])  # diverges inside the tail: 1 of its tokens
+    assert hit.num_cached_tokens == 13 and hit.num_cached_tokens_cold == 0
+    assert second.store.stats().num_reads == reads
+    second.release(hit)
+
+
+def test_a_cold_tail_under_the_root_serves_a_prompt_shorter_than_a_block(tmp_path: Path):
+    first = tiers_for(tmp_path, policy=TAIL_POLICY)
+    run(first, [5, 6, 7])
+    first.close(10)
+    second = tiers_for(tmp_path)
+    hit = second.acquire([5, 6, 7, 8])
+    assert hit.num_cached_tokens == 3 and hit.num_cached_tokens_cold == 3
+    assert np.array_equal(cached_kv(hit), kv_for([5, 6, 7]).layers[0][0])
+    second.release(hit)
+
+
+def test_a_cold_tail_shorter_than_the_hot_partial_is_not_read(tmp_path: Path):
+    first = tiers_for(tmp_path, policy=TAIL_POLICY)
+    run(first, SEQ[:13])  # tail [13]
+    first.close(10)
+    second = tiers_for(tmp_path, policy=TAIL_POLICY)
+    run(second, SEQ)  # restores blocks + tail [13]; registers the longer tail [13, 14] in RAM
+    reads = second.store.stats().num_reads
+    hit = second.acquire(SEQ + [99])
+    assert hit.num_cached_tokens == 14 and hit.num_cached_tokens_cold == 0
+    assert second.store.stats().num_reads == reads
+    second.release(hit)
+
+
+def test_a_tail_superseded_by_a_longer_sibling_is_deleted_from_disk(tmp_path: Path):
+    tiers = tiers_for(tmp_path)  # write-through: every block and tail as it is registered
+    run(tiers, SEQ[:13])  # tail [13]
+    assert tiers.flush(10) and tiers.store.contains(tail_hash(SEQ[:13]))
+    run(tiers, SEQ)  # tail [13, 14] covers [13]
+    assert tiers.flush(10)
+    assert tiers.store.contains(tail_hash(SEQ)) and not tiers.store.contains(tail_hash(SEQ[:13]))
+    run(tiers, SEQ + [15, 16, 17])  # a full block [13..16] covers [13, 14]; new tail [17]
+    assert tiers.flush(10)
+    assert not tiers.store.contains(tail_hash(SEQ))
+    s = tiers.store.stats()
+    assert s.num_superseded == 2 and s.num_files == 5  # 4 blocks + tail [17]
+    files = list(tmp_path.rglob("*.safetensors"))
+    assert len(files) == 5 and sum(f.stat().st_size for f in files) == s.num_bytes
+    tiers.close(10)
+
+
+def test_a_tail_covered_on_disk_is_not_written(tmp_path: Path):
+    tiers = tiers_for(tmp_path)
+    run(tiers, SEQ)  # blocks + tail [13, 14] on disk
+    assert tiers.flush(10)
+    store = tiers.store
+    writes = store.stats().num_writes
+    parent = hashes(SEQ)[-1]
+    assert store.put(tail_hash(SEQ[:13]), parent, [13], kv_for([13]))  # [13, 14] covers it
+    assert store.flush(10)
+    s = store.stats()
+    assert s.num_writes == writes and s.num_superseded == 1
+    assert not store.contains(tail_hash(SEQ[:13]))
+
+
+def test_superseded_tails_found_at_start_are_deleted(tmp_path: Path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root, seq in ((a, SEQ[:13]), (b, SEQ)):
+        tiers = tiers_for(root, policy=TAIL_POLICY)
+        run(tiers, seq)
+        tiers.close(10)
+    short = block_path(a, NS, tail_hash(SEQ[:13]))
+    target = block_path(b, NS, tail_hash(SEQ[:13]))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(short.read_bytes())  # e.g. left by a crash between two writes
+    store = SSDStore(b, NS, dtype="bfloat16", max_bytes=10**9)
+    assert store.stats().num_superseded == 1 and not target.exists()
+    assert store.contains(tail_hash(SEQ))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_bad_tail_file_is_deleted_counted_and_never_served(tmp_path: Path, damage: str):
+    first = tiers_for(tmp_path, policy=TAIL_POLICY)
+    run(first, SEQ)
+    first.close(10)
+    path = block_path(tmp_path, NS, tail_hash(SEQ))
+    data = path.read_bytes()
+    path.write_bytes(data[:-10] if damage == "truncated" else data[:-1] + bytes([data[-1] ^ 0x01]))
+    second = tiers_for(tmp_path)
+    hit = second.acquire(SEQ + [70])
+    assert hit.num_cached_tokens == 12 and hit.num_cached_tokens_cold == 12  # full blocks only
+    assert np.array_equal(cached_kv(hit), kv_for(SEQ[:12]).layers[0][0])
+    second.release(hit)
+    stats = second.cold_stats()
+    assert stats["num_bad_files"] == 1 and not path.exists()
+    # truncated: found by the index rebuild at start; flipped: by the checksum on read
+    assert stats["num_restore_failures"] == (1 if damage == "flipped" else 0)
+
+
+def test_best_child_prefers_the_longest_common_prefix(tmp_path: Path):
+    store = SSDStore(tmp_path, NS, dtype="bfloat16", max_bytes=10**9)
+    parent = NS.key()
+    for toks in ([1, 2, 3], [1, 5], [9, 9, 9, 9]):
+        store.put(hash_block(parent, toks), parent, toks, kv_for(toks))
+    assert store.flush(10)
+    m = store.best_child(parent, [1, 2, 7, 7])
+    assert m is not None and m.token_ids == (1, 2, 3) and m.num_common == 2
+    m = store.best_child(parent, [9, 9, 9, 9])
+    assert m is not None and m.num_common == 4 and len(m.token_ids) == 4
+    assert store.best_child(parent, [4]) is None and store.best_child(b"x" * 32, [1]) is None
+    store.close()
+
+
+def test_a_tail_whose_last_few_tokens_differ_is_superseded_too(tmp_path: Path):
+    """The hot tier's rule: a finished request's tail ends in generated tokens the next prompt may
+    re-tokenize differently; a sibling agreeing on all but <= 16 of them (and 4/5 of them) covers it."""
+    store = SSDStore(tmp_path, NS, dtype="bfloat16", max_bytes=10**9)
+    parent = NS.key()
+    near = list(range(100, 140)) + [7, 7]  # 40 shared + 2 differing tokens
+    far = list(range(100, 110)) + [7] * 20  # 10 shared + 20 differing: kept
+    block = list(range(100, 164))
+    for toks in (near, far, block):
+        store.put(hash_block(parent, toks), parent, toks, kv_for(toks))
+        assert store.flush(10)
+    assert not store.contains(hash_block(parent, near)) and store.contains(hash_block(parent, far))
+    assert store.stats().num_superseded == 1
+    # ... and a new file that an existing sibling supersedes is not written
+    assert store.put(hash_block(parent, near), parent, near, kv_for(near)) and store.flush(10)
+    assert not store.contains(hash_block(parent, near)) and store.stats().num_superseded == 2
+    m = store.best_child(parent, near)  # lookup reuses the 40 shared tokens of the block
+    assert m is not None and m.num_common == 40 and len(m.token_ids) == 64
+    store.close()
