@@ -176,13 +176,13 @@ class PoolStats:
     num_dropped_tails: int
 
 
-def _common_prefix_len(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """Return the number of leading elements ``a`` and ``b`` share."""
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Return the number of leading elements ``a`` and ``b`` share (any int sequences)."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if type(a) is type(b) and a[:n] == b[:n]:
         return n
     i = 0
-    while a[i] == b[i]:
+    while i < n and a[i] == b[i]:
         i += 1
     return i
 
@@ -194,14 +194,21 @@ recomputes at most this many tokens, while keeping the tail would store the shar
 (a finished request's tail ends in generated tokens, which the next prompt may not repeat)."""
 
 
+def tail_superseded(longer: Sequence[int], shorter: Sequence[int], slack: int = TAIL_SLACK_TOKENS) -> bool:
+    """Whether a sibling with tokens ``longer`` makes a tail with tokens ``shorter`` redundant.
+
+    Shared by the hot tier (tails dropped) and the SSD tier (tail files deleted or never written).
+    """
+    n = len(shorter)
+    if len(longer) <= n:
+        return False
+    unique = n - common_prefix_len(longer, shorter)
+    return unique <= slack and n - unique >= 4 * unique
+
+
 def _supersedes(sibling: KVBlock, tail: KVBlock) -> bool:
     """Whether ``sibling`` (a full block or a longer tail) makes ``tail`` redundant."""
-    n = len(tail.token_ids)
-    if sibling is tail or len(sibling.token_ids) <= n:
-        return False
-    shared = _common_prefix_len(sibling.token_ids, tail.token_ids)
-    unique = n - shared
-    return unique <= TAIL_SLACK_TOKENS and shared >= 4 * unique
+    return sibling is not tail and tail_superseded(sibling.token_ids, tail.token_ids)
 
 
 def _evict_key(block: KVBlock) -> _HeapEntry:
@@ -334,7 +341,7 @@ class BlockPool:
             for child in self._children.get(parent, {}).values():
                 if child.token_ids[0] != rest[0]:
                     continue
-                num_common = _common_prefix_len(child.token_ids, rest)
+                num_common = common_prefix_len(child.token_ids, rest)
                 # Ties go to the most recently used, then the newest block: deterministic.
                 score = (num_common, child.last_access, child.block_id)
                 if num_common > 0 and score > best:

@@ -53,6 +53,7 @@ from omlx.cache.blockfile import (
     write_file_atomic,
 )
 from omlx.cache.hashing import HASH_NUM_BYTES, Namespace
+from omlx.cache.paged import TAIL_SLACK_TOKENS, common_prefix_len, tail_superseded
 
 __all__ = [
     "ChildMatch",
@@ -120,24 +121,6 @@ class ChildMatch:
     token_ids: tuple[int, ...]
     num_common: int
     num_bytes: int
-
-
-def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def _supersedes(long: array, short: array, slack: int) -> bool:
-    """Whether the file with tokens ``long`` makes its sibling with tokens ``short`` redundant."""
-    n = len(short)
-    if len(long) <= n:
-        return False
-    shared = _common_prefix_len(long, short)
-    unique = n - shared
-    return unique <= slack and shared >= 4 * unique
 
 
 @dataclass(slots=True)
@@ -226,7 +209,7 @@ class SSDStore:
         max_queue_bytes: int = 256 * 1024 * 1024,
         model_id: str = "",
         progress: bool = False,
-        tail_slack_tokens: int = 16,
+        tail_slack_tokens: int = TAIL_SLACK_TOKENS,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"unsupported KV dtype {dtype!r}; expected one of {sorted(DTYPES)}")
@@ -422,7 +405,7 @@ class SSDStore:
         """Whether a file under ``parent_hash`` supersedes a file of ``tokens`` (lock held)."""
         slack = self.tail_slack_tokens
         return any(
-            _supersedes(self._index[h].tokens, tokens, slack) for h in self._by_parent.get(parent_hash, ())
+            tail_superseded(self._index[h].tokens, tokens, slack) for h in self._by_parent.get(parent_hash, ())
         )
 
     def _drop_superseded_by(self, block_hash: bytes) -> None:
@@ -430,7 +413,7 @@ class SSDStore:
         entry = self._index[block_hash]
         for h in list(self._by_parent.get(entry.parent_hash, ())):
             sib = self._index[h]
-            if sib.num_children or sib.num_pins or not _supersedes(entry.tokens, sib.tokens, self.tail_slack_tokens):
+            if sib.num_children or sib.num_pins or not tail_superseded(entry.tokens, sib.tokens, self.tail_slack_tokens):
                 continue
             self._forget(h)
             self._c["superseded"] += 1
@@ -463,7 +446,7 @@ class SSDStore:
                 e = self._index[h]
                 if not e.tokens or e.tokens[0] != first:
                     continue
-                score = (_common_prefix_len(e.tokens, token_ids), e.tick)
+                score = (common_prefix_len(e.tokens, token_ids), e.tick)
                 if score > best:
                     best, found = score, (h, e)
             if found is None:
