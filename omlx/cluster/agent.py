@@ -27,7 +27,7 @@ from omlx.cluster.control import (
     measure_link,
 )
 from omlx.cluster.discovery import Discovery, NodeInfo, cluster_dir
-from omlx.cluster.launcher import WorkerLaunch, WorkerLauncher, write_hostfile
+from omlx.cluster.launcher import WorkerLaunch, WorkerLauncher, free_loopback_port, ring_port, write_hostfile
 from omlx.cluster.membership import Member, Membership
 from omlx.cluster.plan import (
     ClusterError,
@@ -61,7 +61,7 @@ class AgentSettings:
         context_tokens: KV reserve per sequence the plan leaves room for.
         max_concurrent: Sequences decoded together (the plan's batch).
         headroom_bytes: Bytes each node keeps free.
-        worker_port: Port of each rank's ring endpoint in the hostfile.
+        worker_port: First ring port; epoch E's ring uses ``ring_port(worker_port, E)``.
     """
 
     secret: bytes
@@ -181,6 +181,7 @@ class NodeAgent:
         self.plan_error: str | None = None
         self.plan_from: str | None = None  # the coordinator that announced the plan in force
         self._departed: set[str] = set()  # members that left (heartbeat loss or goodbye)
+        self.left_reasons: dict[str, str] = {}  # node id -> why it left (last time), for errors
         self.events: collections.deque[str] = collections.deque(maxlen=_NUM_EVENTS)
         self._peers: dict[str, _Peer] = {}
         self._known: dict[str, tuple[str, int]] = {}  # node id -> control address (mDNS/inbound)
@@ -440,6 +441,7 @@ class NodeAgent:
             # Members we only hear from inbound (no outbound link yet) expire on silence.
             for node_id in self.membership.expired(time.monotonic(), self.settings.heartbeat_timeout_s * 2):
                 if node_id not in self._peers and self.membership.leave(node_id, "silent"):
+                    self.left_reasons[node_id] = "silent"
                     self._event(f"epoch {self.membership.epoch}: node {node_id} left (silent)")
                     self._replan()
 
@@ -454,6 +456,7 @@ class NodeAgent:
             reason = f"{reason}; silent for {time.monotonic() - member.last_seen_s:.2f} s"
         if self.membership.leave(peer.node_id, reason):
             self._departed.add(peer.node_id)
+            self.left_reasons[peer.node_id] = reason
             self._event(f"epoch {self.membership.epoch}: node {peer.node_id} left: {reason}")
             self._replan()
 
@@ -489,6 +492,8 @@ class NodeAgent:
             self._spawn(self._send_quiet(p, msg))
 
     def _adopt_plan(self, epoch: int, plan: Plan, model_path: str, sender: str) -> None:
+        if epoch == self.plan_epoch and self.plan == plan and self.model_path == model_path:
+            return  # the same plan announced again: the running workers stay
         self.membership.adopt_epoch(epoch)
         self.plan, self.plan_epoch, self.plan_error, self.model_path = plan, epoch, None, model_path
         self.plan_from = sender
@@ -501,14 +506,15 @@ class NodeAgent:
         mine = [s for s in plan.stages if s.node_id == self.info.node_id]
         if not mine:
             return None
+        port = ring_port(self.settings.worker_port, epoch)
         ring: list[str] = []
         for s in plan.stages:
             info = self.membership.members[s.node_id].info if s.node_id in self.membership.members else {}
             addrs = [a for a in info.get("addresses", []) if not str(a).startswith("127.")]  # type: ignore[union-attr]
             host = addrs[0] if addrs else (self._known.get(s.node_id, ("127.0.0.1", 0))[0])
-            ring.append(f"{host}:{self.settings.worker_port}")
+            ring.append(f"{host}:{port}")
         folder = cluster_dir(self.base_dir)
-        for old in folder.glob("hostfile-epoch*.json"):
+        for old in (*folder.glob("hostfile-epoch*.json"), *folder.glob("ready-epoch*")):
             old.unlink(missing_ok=True)
         hostfile = folder / f"hostfile-epoch{epoch}.json"
         write_hostfile(hostfile, ring)
@@ -520,6 +526,8 @@ class NodeAgent:
             ranges=tuple((s.layer_start, s.layer_end) for s in plan.stages),
             hostfile=hostfile,
             ring_addresses=tuple(ring),
+            node_ids=tuple(s.node_id for s in plan.stages),
+            http_port=free_loopback_port() if mine[0].rank == 0 else 0,
         )
 
     # ------------------------------------------------------------------ requests
@@ -537,6 +545,7 @@ class NodeAgent:
                 self._spawn(self._lost(peer, "it announced it is leaving"))
             elif self.membership.leave(conn.peer_id, "it announced it is leaving"):
                 self._departed.add(conn.peer_id)
+                self.left_reasons[conn.peer_id] = "it announced it is leaving"
                 self._event(f"epoch {self.membership.epoch}: node {conn.peer_id} left (leave)")
                 self._replan()
             return {"type": "ok"}
