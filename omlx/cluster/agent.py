@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 _DIAL_PERIOD_S = 1.0
 _AUTH_RETRY_S = 10.0
 _NUM_EVENTS = 50
+_MAX_RESTART_BACKOFF_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,7 @@ class NodeAgent:
         self.plan_from: str | None = None  # the coordinator that announced the plan in force
         self._departed: set[str] = set()  # members that left (heartbeat loss or goodbye)
         self.left_reasons: dict[str, str] = {}  # node id -> why it left (last time), for errors
+        self._restart_backoff_s = 0.0  # grows while restarted pipelines keep failing
         self.events: collections.deque[str] = collections.deque(maxlen=_NUM_EVENTS)
         self._peers: dict[str, _Peer] = {}
         self._known: dict[str, tuple[str, int]] = {}  # node id -> control address (mDNS/inbound)
@@ -434,6 +436,7 @@ class NodeAgent:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
+            self._check_pipeline()
             peers = [p for p in self._peers.values() if p.node_id in self.membership.members]
             for p, result in zip(peers, await asyncio.gather(*(self._heartbeat(p) for p in peers), return_exceptions=True)):
                 if isinstance(result, Exception):  # a bug must not stop the heartbeats to the rest
@@ -444,6 +447,28 @@ class NodeAgent:
                     self.left_reasons[node_id] = "silent"
                     self._event(f"epoch {self.membership.epoch}: node {node_id} left (silent)")
                     self._replan()
+
+    def _check_pipeline(self) -> None:
+        """Coordinator: restart a pipeline that failed while every member stayed (a worker crashed
+        or a step timed out on a live node): a new epoch with the same members, so every node
+        restarts its worker on fresh ring ports. Waits one heartbeat timeout first (a member that
+        died is dropped by then, and that epoch change re-plans anyway), then backs off."""
+        st = self.launcher.status()
+        if st is None or st["state"] == "ready":
+            if st is not None:
+                self._restart_backoff_s = 0.0
+            return
+        if (st["state"] != "lost" or self.membership.coordinator_id != self.info.node_id
+                or st["epoch"] != self.membership.epoch or self.plan_epoch != self.membership.epoch):
+            return
+        wait_s = max(self.settings.heartbeat_timeout_s + self.settings.heartbeat_interval_s, self._restart_backoff_s)
+        if float(st["state_for_s"]) < wait_s:  # type: ignore[arg-type]
+            return
+        self._restart_backoff_s = min(max(2 * self._restart_backoff_s, 5.0), _MAX_RESTART_BACKOFF_S)
+        reason = f"the pipeline of epoch {st['epoch']} failed with every member still here: {st['error']}"
+        epoch = self.membership.restart(reason)
+        self._event(f"epoch {epoch}: restarting the workers ({reason})")
+        self._replan()
 
     async def _lost(self, peer: _Peer, reason: str) -> None:
         if self._peers.get(peer.node_id) is peer:

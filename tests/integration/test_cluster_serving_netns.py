@@ -151,3 +151,21 @@ def test_three_nodes_serve_one_model_then_survive_losing_one(lan: ServingCluster
     assert st["plan"]["stages"][-1]["layer_end"] == 30
     out = lan.chat()
     assert out == reference, (out, reference)
+
+
+def test_a_crashed_worker_on_a_live_node_restarts_the_pipeline(lan: ServingCluster, reference: dict[str, Any]) -> None:
+    """Node 1's worker dies but its agent lives: membership stays, so no node is named; the
+    coordinator starts a new epoch with the same members and the pipeline serves again."""
+    assert lan.serving(2, [0, 1]), lan.status(0)
+    epoch = lan.status(0)["epoch"]
+    os.kill(lan.worker(1)["pid"], signal.SIGKILL)  # type: ignore[index]
+    out = lan.chat()
+    assert out["status"] == 503, out
+    assert out["body"]["code"] == "cluster_unavailable" and "no node has left" in out["body"]["message"], out
+    lan.wait_for("the pipeline restarts in a new epoch", lambda: lan.serving(2, [0, 1]) and lan.status(0)["epoch"] > epoch,
+                 180, [0, 1])
+    st = lan.status(0)
+    assert st["worker"]["node_ids"] == [lan.node_id(0), lan.node_id(1)]
+    assert any("restarting the workers" in e for e in st["events"]), st["events"]
+    out = lan.chat()
+    assert out == reference, (out, reference)

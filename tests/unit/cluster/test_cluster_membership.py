@@ -38,6 +38,7 @@ def test_join_and_leave_bump_the_epoch_once() -> None:
     assert m.epoch == 2
     m.adopt_epoch(7)
     assert m.epoch == 7
+    assert m.restart("pipeline failed") == 8 and sorted(m.members) == ["a", "c"]  # same members
 
 
 def test_leave_drops_links_to_the_gone_node() -> None:
