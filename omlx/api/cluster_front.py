@@ -125,8 +125,14 @@ async def _forward(http: HttpRequest, serving: Any) -> Any:
                                 content_type=upstream.headers.get("content-type"))
         response = await http.respond(status=upstream.status_code, headers=_headers(upstream),
                                       content_type=upstream.headers.get("content-type"))
-        async for chunk in upstream.aiter_raw():
-            await response.send(chunk)
+        try:
+            async for chunk in upstream.aiter_raw():
+                await response.send(chunk)
+        except httpx.HTTPError as e:
+            # The status line is sent: the client sees the stream end early (no error shape fits).
+            logger.error("rank 0's worker stopped mid-response on %s (%s: %s); the response is cut short",
+                         http.path, type(e).__name__, e)
+            return None
         await response.eof()
         return None
     finally:

@@ -1,6 +1,7 @@
 """`omlx cluster ...`: join a cluster, show it, plan a model over it (or over hypothetical nodes), leave.
 
-`omlx serve --cluster` runs the same agent beside the HTTP server (see ``start_agent_thread``).
+`omlx serve --cluster` runs the same agent beside its HTTP front (see ``start_agent_thread`` and
+``omlx.api.cluster_front``); ``make_launcher`` gives every agent its real worker launcher.
 """
 
 from __future__ import annotations

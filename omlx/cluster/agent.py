@@ -444,9 +444,12 @@ class NodeAgent:
             # Members we only hear from inbound (no outbound link yet) expire on silence.
             for node_id in self.membership.expired(time.monotonic(), self.settings.heartbeat_timeout_s * 2):
                 if node_id not in self._peers and self.membership.leave(node_id, "silent"):
-                    self.left_reasons[node_id] = "silent"
+                    self._record_left(node_id, "silent")
                     self._event(f"epoch {self.membership.epoch}: node {node_id} left (silent)")
                     self._replan()
+
+    def _record_left(self, node_id: str, reason: str) -> None:
+        self.left_reasons[node_id] = reason
 
     def _check_pipeline(self) -> None:
         """Coordinator: restart a pipeline that failed while every member stayed (a worker crashed
@@ -481,7 +484,7 @@ class NodeAgent:
             reason = f"{reason}; silent for {time.monotonic() - member.last_seen_s:.2f} s"
         if self.membership.leave(peer.node_id, reason):
             self._departed.add(peer.node_id)
-            self.left_reasons[peer.node_id] = reason
+            self._record_left(peer.node_id, reason)
             self._event(f"epoch {self.membership.epoch}: node {peer.node_id} left: {reason}")
             self._replan()
 
@@ -570,7 +573,7 @@ class NodeAgent:
                 self._spawn(self._lost(peer, "it announced it is leaving"))
             elif self.membership.leave(conn.peer_id, "it announced it is leaving"):
                 self._departed.add(conn.peer_id)
-                self.left_reasons[conn.peer_id] = "it announced it is leaving"
+                self._record_left(conn.peer_id, "it announced it is leaving")
                 self._event(f"epoch {self.membership.epoch}: node {conn.peer_id} left (leave)")
                 self._replan()
             return {"type": "ok"}

@@ -147,6 +147,7 @@ class WorkerLauncher:
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.current: WorkerLaunch | None = None
+        self.last_ready: WorkerLaunch | None = None  # the last launch whose worker was ready
         self.state = WorkerState.STOPPED
         self.error: str | None = None
         self.since_s = time.monotonic()
@@ -235,6 +236,8 @@ class WorkerLauncher:
     def _set(self, state: str, error: str | None) -> None:
         if state != self.state or error != self.error:
             self.state, self.error, self.since_s = state, error, time.monotonic()
+        if state == WorkerState.READY:
+            self.last_ready = self.current
 
     def _argv(self, launch: WorkerLaunch) -> list[str]:
         extra = list(self.extra_args)

@@ -99,6 +99,10 @@ class ClusterServing:
                          for r, (n, (lo, hi)) in enumerate(zip(w["node_ids"], w["ranges"])))
 
     def _after_loss(self) -> str:
-        gone = [f"node {n} ({why})" for n, why in self.agent.left_reasons.items()
-                if n not in self.agent.membership.members]
+        a = self.agent
+        prev = a.launcher.last_ready  # the nodes of the last pipeline that served, now gone
+        if prev is None:
+            return ""
+        gone = [f"node {n} ({a.left_reasons.get(n, 'it left')})" for n in prev.node_ids
+                if n not in a.membership.members]
         return f"; re-planned after losing {', '.join(gone)}" if gone else ""

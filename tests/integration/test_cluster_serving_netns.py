@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -78,8 +79,8 @@ class ServingCluster(Cluster):
         """Every node in ``nodes`` runs a ready worker of one plan of ``num_ranks`` stages."""
         try:
             workers = [self.worker(i) for i in nodes]
-        except (AssertionError, json.JSONDecodeError):
-            return False  # an agent not listening yet
+        except (AssertionError, json.JSONDecodeError, subprocess.TimeoutExpired):
+            return False  # an agent not listening yet, or the status CLI starved on a loaded machine
         return (all(w is not None and w["state"] == "ready" and w["num_ranks"] == num_ranks for w in workers)
                 and len({w["epoch"] for w in workers}) == 1)  # type: ignore[index]
 
@@ -88,8 +89,6 @@ class ServingCluster(Cluster):
 def reference() -> dict[str, Any]:
     """The single-node greedy output of PROMPT: a plain `omlx serve`, the same SDK call."""
     with ServerProcess(["--no-cache", "--max-concurrent-requests", "1"]) as s:
-        import subprocess
-
         r = subprocess.run([PY, "-c", CLIENT, s.url + "/v1", MODEL_ID, PROMPT, str(MAX_TOKENS)],
                            capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stderr
