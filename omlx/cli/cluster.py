@@ -167,7 +167,8 @@ def join(
     config: ConfigFile = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
 ) -> None:
-    """Run this machine's node agent (no HTTP server) until interrupted or `omlx cluster leave`."""
+    """Run this machine's node agent (no HTTP server) until interrupted or `omlx cluster leave`;
+    it starts this machine's pipeline worker for every plan that gives it a stage."""
     cfg = config_from(_flags(base_path, peer, control_port, memory_cap, no_mdns, heartbeat_timeout,
                              heartbeat_interval), config)
     setup_logging(log_level)
