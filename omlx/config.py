@@ -246,7 +246,12 @@ class ClusterConfig:
         memory_cap_bytes: most memory this node gives a pipeline; None = what is available.
         headroom_bytes: memory each node keeps free beyond its stage.
         context_tokens: KV reserve per sequence the plan leaves room for.
-        worker_port: port of this node's ring endpoint (mx.distributed) in the hostfile.
+        worker_port: first port of this node's ring endpoint (mx.distributed) in the hostfile;
+            epoch E uses worker_port + E % 32, so a new epoch never meets the last one's sockets.
+        step_timeout_s: most seconds one pipeline step (or the ring's start) may block before
+            the workers count a peer as lost.
+        start_workers: start `omlx cluster worker` for each plan; False = plan only (dry run:
+            status shows the command line each node would run).
     """
 
     secret: str | None = None
@@ -260,6 +265,8 @@ class ClusterConfig:
     headroom_bytes: int = 2 * 10**9
     context_tokens: int = 4096
     worker_port: int = 8480
+    step_timeout_s: float = 30.0
+    start_workers: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,11 +383,11 @@ def _coerce(key: str, value: Any) -> Any:
     if name == "context_scale_to":
         return None if value in (None, "", 0, "0") else int(value)
     if name in ("keepalive_s", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s",
-                "heartbeat_interval_s", "heartbeat_timeout_s"):
+                "heartbeat_interval_s", "heartbeat_timeout_s", "step_timeout_s"):
         return float(value)
     if name == "headroom_bytes":
         return parse_size(value)
-    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks", "mdns"):
+    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks", "mdns", "start_workers"):
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes", "on")
         return bool(value)

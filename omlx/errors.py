@@ -149,6 +149,13 @@ class ClusterUnavailableError(OmlxError):
     anthropic_type = "api_error"
     code = "cluster_unavailable"
 
+    def __init__(self, message: str, *, retry_after_s: int | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)} if self.retry_after_s else {}
+
 
 class EngineError(OmlxError):
     """Generation failed for one request; the engine keeps serving the others."""

@@ -1,6 +1,7 @@
 """`omlx cluster ...`: join a cluster, show it, plan a model over it (or over hypothetical nodes), leave.
 
-`omlx serve --cluster` runs the same agent beside the HTTP server (see ``start_agent_thread``).
+`omlx serve --cluster` runs the same agent beside its HTTP front (see ``start_agent_thread`` and
+``omlx.api.cluster_front``); ``make_launcher`` gives every agent its real worker launcher.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 import threading
 from typing import Annotated, Any, Optional
 
@@ -80,8 +82,22 @@ def _model_path(cfg: ServerConfig, spec: str | None) -> str:
         raise typer.Exit(2) from e
 
 
+def make_launcher(cfg: ServerConfig) -> Any:
+    """This node's worker launcher: ``python -m omlx cluster worker ...`` per plan, or a dry run
+    when ``[cluster] start_workers = false``."""
+    from omlx.cluster.launcher import WorkerLauncher
+
+    if not cfg.cluster.start_workers:
+        return WorkerLauncher(None)
+    extra = ["--base-path", str(cfg.base_dir), "--timeout-s", f"{cfg.cluster.step_timeout_s:g}"]
+    # Rank 0's worker checks the same API key as the front (from the environment, not argv).
+    env = {"OMLX_API_KEY": cfg.api_key} if cfg.api_key else {}
+    return WorkerLauncher([sys.executable, "-m", "omlx", "cluster", "worker"], extra_args=extra, env=env)
+
+
 def make_agent(cfg: ServerConfig, secret: bytes, model_path: str | None, *, http_port: int = 0) -> Any:
-    """Measure this node (weight-streaming probe) and build its agent. Call on the MLX thread."""
+    """Measure this node (weight-streaming probe) and build its agent with its worker launcher.
+    Call on the MLX thread."""
     from omlx.cluster.agent import NodeAgent
     from omlx.cluster.discovery import describe_local_node, load_node_id
     from omlx.cluster.measure import measure_stream_rate
@@ -94,7 +110,7 @@ def make_agent(cfg: ServerConfig, secret: bytes, model_path: str | None, *, http
         memory_cap_bytes=cfg.cluster.memory_cap_bytes or 0,
     )
     rate = measure_stream_rate()
-    return NodeAgent(_settings(cfg, secret, model_path), info, cfg.base_dir, rate)
+    return NodeAgent(_settings(cfg, secret, model_path), info, cfg.base_dir, rate, launcher=make_launcher(cfg))
 
 
 def start_agent_thread(agent: Any) -> threading.Thread:
@@ -151,7 +167,8 @@ def join(
     config: ConfigFile = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
 ) -> None:
-    """Run this machine's node agent (no HTTP server) until interrupted or `omlx cluster leave`."""
+    """Run this machine's node agent (no HTTP server) until interrupted or `omlx cluster leave`;
+    it starts this machine's pipeline worker for every plan that gives it a stage."""
     cfg = config_from(_flags(base_path, peer, control_port, memory_cap, no_mdns, heartbeat_timeout,
                              heartbeat_interval), config)
     setup_logging(log_level)
@@ -229,7 +246,11 @@ def _print_status(st: dict[str, Any]) -> None:
         out.append("no plan (no member was given a model)")
     w = st["worker"]
     if w:
-        out.append(f"worker: rank {w['rank']} of {w['num_ranks']}{' (dry run)' if w['dry_run'] else ''}: {w['command']}")
+        ranges = ",".join(f"{a}:{b}" for a, b in w["ranges"])
+        error = f" ({w['error']})" if w.get("error") else ""
+        out.append(f"worker: epoch {w['epoch']} rank {w['rank']} of {w['num_ranks']}, layers {ranges}: "
+                   f"{w['state']} for {w['state_for_s']:.0f} s{error}")
+        out.append(f"  {w['command']}")
     out.append("events:")
     out.extend(f"  {e}" for e in st["events"][-10:])
     typer.echo("\n".join(out))

@@ -7,7 +7,8 @@ ranks follow rank 0 until it stops or the pipeline breaks. Registered under ``om
 ``omlx/cli/cluster.py`` as ``worker_command``; also runnable as ``python -m omlx.cli.cluster_worker``.
 
 Exit codes: 0 stopped cleanly, 1 could not start, 2 bad arguments or refused bind,
-3 a peer was lost (``EXIT_PEER_LOST``), 4 the ranks disagreed or a step failed.
+3 a peer was lost (``EXIT_PEER_LOST``), 4 the ranks disagreed or a step failed, 5 the node agent
+that started it (``--parent-pid``) is gone.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def worker_command(
     base_path: Annotated[Optional[str], typer.Option(help="omlx's home (default ~/.omlx).")] = None,
     api_key: Annotated[Optional[str], typer.Option(help="Rank 0: require this key.")] = None,
     log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
+    parent_pid: Annotated[Optional[int], typer.Option(help="Exit when this process (the node agent that started the worker) is gone.")] = None,
+    ready_file: Annotated[Optional[str], typer.Option(help="Ranks > 0: create this file once the ring handshake is done (the node agent reads it).")] = None,
 ) -> None:
     from omlx.cluster.pipeline import parse_ranges
 
@@ -60,7 +63,9 @@ def worker_command(
     }, None)
     reexec_with_blas(cfg.preload_blas, sys.orig_argv[1:])
     setup_logging(cfg.log_level)
-    code = _run(cfg, Path(model).expanduser(), layer_ranges, rank, hostfile, timeout_s, seed)
+    if parent_pid is not None:
+        _exit_with_parent(parent_pid)
+    code = _run(cfg, Path(model).expanduser(), layer_ranges, rank, hostfile, timeout_s, seed, ready_file)
     # As `omlx serve`: leave without interpreter finalization (MLX's threads abort in it).
     logging.shutdown()
     sys.stdout.flush()
@@ -68,7 +73,27 @@ def worker_command(
     os._exit(code)
 
 
-def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str, timeout_s: float, seed: int) -> int:
+def _exit_with_parent(parent_pid: int, period_s: float = 0.25) -> None:
+    """Watch the node agent that started this worker: when it is gone (killed, crashed), the
+    node has left the cluster, so its worker must not hold a ring slot. Portable (no prctl)."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(period_s)
+        logger.error("the node agent (pid %d) is gone: stopping this worker", parent_pid)
+        logging.shutdown()
+        os._exit(EXIT_AGENT_GONE)
+
+    threading.Thread(target=watch, name="omlx-parent-watch", daemon=True).start()
+
+
+EXIT_AGENT_GONE = 5
+"""Exit code of a worker whose node agent (``--parent-pid``) is gone."""
+
+
+def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str, timeout_s: float, seed: int,
+         ready_file: str | None = None) -> int:
     from omlx.cluster.group import init_group
     from omlx.cluster.pipeline import load_stage, stage_weight_bytes
     from omlx.cluster.worker import handshake, run_follower
@@ -96,6 +121,8 @@ def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str
         logger.error("rank %d cannot start: %s", rank, e.message)
         return 1
     if rank > 0:
+        if ready_file:
+            Path(ready_file).touch()
         return run_follower(group, stage)
     return _serve(cfg, path, config, stage, group, layer_ranges, timeout_s, seed, facts)
 

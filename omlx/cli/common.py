@@ -23,6 +23,8 @@ def setup_logging(level: str = "INFO") -> None:
         handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
         force=True,
     )
+    # httpx logs every request at INFO (the cluster launcher polls its worker's /health).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def config_from(flags: dict[str, Any], config_file: str | None) -> ServerConfig:

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from omlx.cli.common import config_from, reexec_with_blas, setup_logging
+from omlx.config import ServerConfig
 
 logger = logging.getLogger("omlx.serve")
 
@@ -33,7 +34,7 @@ def serve(
     log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
     alias: Annotated[Optional[list[str]], typer.Option("--alias", help="NAME=TARGET: serve model TARGET also as NAME (e.g. a client's model id); repeat for several.")] = None,
     context_scale_to: Annotated[Optional[int], typer.Option(help="Anthropic API: scale reported token counts so a client assuming a window of this many tokens compacts at the model's real limit. Off by default.")] = None,
-    cluster: Annotated[bool, typer.Option("--cluster", help="Also run the cluster node agent: advertise over mDNS, join peers holding the secret, plan the first --model over them (this node is rank 0).")] = False,
+    cluster: Annotated[bool, typer.Option("--cluster", help="Serve one --model over a cluster: run the node agent (advertise over mDNS, join peers holding the secret, plan the model over them; this node is rank 0) and forward requests to this node's rank-0 worker.")] = False,
     cluster_secret: Annotated[Optional[str], typer.Option(help="Shared cluster secret (or OMLX_CLUSTER_SECRET, [cluster] secret).")] = None,
     peer: Annotated[Optional[list[str]], typer.Option("--peer", help="Static cluster peer host:port; repeat for several.")] = None,
 ) -> None:
@@ -61,14 +62,11 @@ def serve(
     reexec_with_blas(cfg.preload_blas, ["-m", "omlx", *sys.argv[1:]])
     setup_logging(cfg.log_level)
     if cluster:
-        from omlx.cli.cluster import _model_path, make_agent, resolve_secret, start_agent_thread
+        code = _serve_cluster(cfg, cluster_secret)
+    else:
+        from omlx.api.server import run_server
 
-        secret = resolve_secret(cfg, cluster_secret, persist=True)
-        model_path = _model_path(cfg, cfg.models[0] if cfg.models else None)
-        start_agent_thread(make_agent(cfg, secret, model_path, http_port=cfg.port))
-    from omlx.api.server import run_server
-
-    code = run_server(cfg)
+        code = run_server(cfg)
     # MLX's C++ runtime aborts ("terminate called without an active exception") when its
     # stream threads are torn down by interpreter finalization; everything is already stopped
     # and flushed here, so leave without finalization.
@@ -76,6 +74,32 @@ def serve(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _serve_cluster(cfg: ServerConfig, cluster_secret: str | None) -> int:
+    """`omlx serve --cluster`: the node agent plus the HTTP front that forwards to rank 0's worker
+    (omlx.api.cluster_front); this process loads no model itself."""
+    from omlx import __version__
+    from omlx.api.cluster_front import run_front
+    from omlx.api.server import check_bind
+    from omlx.cli.cluster import _model_path, make_agent, resolve_secret, start_agent_thread
+    from omlx.cluster.serving import ClusterServing
+
+    if len(cfg.models) > 1:
+        logger.error("--cluster serves one model over the cluster; got %d --model values", len(cfg.models))
+        return 2
+    reason = check_bind(cfg)
+    if reason:
+        logger.error("%s", reason)
+        return 2
+    secret = resolve_secret(cfg, cluster_secret, persist=True)
+    model_path = _model_path(cfg, cfg.models[0] if cfg.models else None)
+    agent = make_agent(cfg, secret, model_path, http_port=cfg.port)
+    start_agent_thread(agent)
+    try:
+        return run_front(cfg, ClusterServing(agent), {"version": __version__, "model": model_path})
+    finally:
+        agent.launcher.stop()  # never leave this node's worker running without its agent
 
 
 def parse_aliases(values: list[str]) -> dict[str, str]:

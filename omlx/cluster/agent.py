@@ -27,7 +27,7 @@ from omlx.cluster.control import (
     measure_link,
 )
 from omlx.cluster.discovery import Discovery, NodeInfo, cluster_dir
-from omlx.cluster.launcher import WorkerLaunch, WorkerLauncher, write_hostfile
+from omlx.cluster.launcher import WorkerLaunch, WorkerLauncher, free_loopback_port, ring_port, write_hostfile
 from omlx.cluster.membership import Member, Membership
 from omlx.cluster.plan import (
     ClusterError,
@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 _DIAL_PERIOD_S = 1.0
 _AUTH_RETRY_S = 10.0
 _NUM_EVENTS = 50
+_MAX_RESTART_BACKOFF_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,7 @@ class AgentSettings:
         context_tokens: KV reserve per sequence the plan leaves room for.
         max_concurrent: Sequences decoded together (the plan's batch).
         headroom_bytes: Bytes each node keeps free.
-        worker_port: Port of each rank's ring endpoint in the hostfile.
+        worker_port: First ring port; epoch E's ring uses ``ring_port(worker_port, E)``.
     """
 
     secret: bytes
@@ -181,6 +182,8 @@ class NodeAgent:
         self.plan_error: str | None = None
         self.plan_from: str | None = None  # the coordinator that announced the plan in force
         self._departed: set[str] = set()  # members that left (heartbeat loss or goodbye)
+        self.left_reasons: dict[str, str] = {}  # node id -> why it left (last time), for errors
+        self._restart_backoff_s = 0.0  # grows while restarted pipelines keep failing
         self.events: collections.deque[str] = collections.deque(maxlen=_NUM_EVENTS)
         self._peers: dict[str, _Peer] = {}
         self._known: dict[str, tuple[str, int]] = {}  # node id -> control address (mDNS/inbound)
@@ -433,6 +436,7 @@ class NodeAgent:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
+            self._check_pipeline()
             peers = [p for p in self._peers.values() if p.node_id in self.membership.members]
             for p, result in zip(peers, await asyncio.gather(*(self._heartbeat(p) for p in peers), return_exceptions=True)):
                 if isinstance(result, Exception):  # a bug must not stop the heartbeats to the rest
@@ -440,8 +444,34 @@ class NodeAgent:
             # Members we only hear from inbound (no outbound link yet) expire on silence.
             for node_id in self.membership.expired(time.monotonic(), self.settings.heartbeat_timeout_s * 2):
                 if node_id not in self._peers and self.membership.leave(node_id, "silent"):
+                    self._record_left(node_id, "silent")
                     self._event(f"epoch {self.membership.epoch}: node {node_id} left (silent)")
                     self._replan()
+
+    def _record_left(self, node_id: str, reason: str) -> None:
+        self.left_reasons[node_id] = reason
+
+    def _check_pipeline(self) -> None:
+        """Coordinator: restart a pipeline that failed while every member stayed (a worker crashed
+        or a step timed out on a live node): a new epoch with the same members, so every node
+        restarts its worker on fresh ring ports. Waits one heartbeat timeout first (a member that
+        died is dropped by then, and that epoch change re-plans anyway), then backs off."""
+        st = self.launcher.status()
+        if st is None or st["state"] == "ready":
+            if st is not None:
+                self._restart_backoff_s = 0.0
+            return
+        if (st["state"] != "lost" or self.membership.coordinator_id != self.info.node_id
+                or st["epoch"] != self.membership.epoch or self.plan_epoch != self.membership.epoch):
+            return
+        wait_s = max(self.settings.heartbeat_timeout_s + self.settings.heartbeat_interval_s, self._restart_backoff_s)
+        if float(st["state_for_s"]) < wait_s:  # type: ignore[arg-type]
+            return
+        self._restart_backoff_s = min(max(2 * self._restart_backoff_s, 5.0), _MAX_RESTART_BACKOFF_S)
+        reason = f"the pipeline of epoch {st['epoch']} failed with every member still here: {st['error']}"
+        epoch = self.membership.restart(reason)
+        self._event(f"epoch {epoch}: restarting the workers ({reason})")
+        self._replan()
 
     async def _lost(self, peer: _Peer, reason: str) -> None:
         if self._peers.get(peer.node_id) is peer:
@@ -454,6 +484,7 @@ class NodeAgent:
             reason = f"{reason}; silent for {time.monotonic() - member.last_seen_s:.2f} s"
         if self.membership.leave(peer.node_id, reason):
             self._departed.add(peer.node_id)
+            self._record_left(peer.node_id, reason)
             self._event(f"epoch {self.membership.epoch}: node {peer.node_id} left: {reason}")
             self._replan()
 
@@ -489,6 +520,8 @@ class NodeAgent:
             self._spawn(self._send_quiet(p, msg))
 
     def _adopt_plan(self, epoch: int, plan: Plan, model_path: str, sender: str) -> None:
+        if epoch == self.plan_epoch and self.plan == plan and self.model_path == model_path:
+            return  # the same plan announced again: the running workers stay
         self.membership.adopt_epoch(epoch)
         self.plan, self.plan_epoch, self.plan_error, self.model_path = plan, epoch, None, model_path
         self.plan_from = sender
@@ -501,14 +534,15 @@ class NodeAgent:
         mine = [s for s in plan.stages if s.node_id == self.info.node_id]
         if not mine:
             return None
+        port = ring_port(self.settings.worker_port, epoch)
         ring: list[str] = []
         for s in plan.stages:
             info = self.membership.members[s.node_id].info if s.node_id in self.membership.members else {}
             addrs = [a for a in info.get("addresses", []) if not str(a).startswith("127.")]  # type: ignore[union-attr]
             host = addrs[0] if addrs else (self._known.get(s.node_id, ("127.0.0.1", 0))[0])
-            ring.append(f"{host}:{self.settings.worker_port}")
+            ring.append(f"{host}:{port}")
         folder = cluster_dir(self.base_dir)
-        for old in folder.glob("hostfile-epoch*.json"):
+        for old in (*folder.glob("hostfile-epoch*.json"), *folder.glob("ready-epoch*")):
             old.unlink(missing_ok=True)
         hostfile = folder / f"hostfile-epoch{epoch}.json"
         write_hostfile(hostfile, ring)
@@ -520,6 +554,8 @@ class NodeAgent:
             ranges=tuple((s.layer_start, s.layer_end) for s in plan.stages),
             hostfile=hostfile,
             ring_addresses=tuple(ring),
+            node_ids=tuple(s.node_id for s in plan.stages),
+            http_port=free_loopback_port() if mine[0].rank == 0 else 0,
         )
 
     # ------------------------------------------------------------------ requests
@@ -537,6 +573,7 @@ class NodeAgent:
                 self._spawn(self._lost(peer, "it announced it is leaving"))
             elif self.membership.leave(conn.peer_id, "it announced it is leaving"):
                 self._departed.add(conn.peer_id)
+                self._record_left(conn.peer_id, "it announced it is leaving")
                 self._event(f"epoch {self.membership.epoch}: node {conn.peer_id} left (leave)")
                 self._replan()
             return {"type": "ok"}

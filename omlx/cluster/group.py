@@ -195,6 +195,7 @@ def init_group(hostfile: str | Path, rank: int, *, timeout_s: float = DEFAULT_TI
 
     Sets ``MLX_RANK`` and ``MLX_HOSTFILE`` for MLX (the ring backend reads only those) and calls
     ``mx.distributed.init(backend="ring", strict=True)``, which connects to both ring neighbours.
+    A hostfile of one rank gives MLX's singleton group (no sockets).
 
     Raises:
         ClusterUnavailableError: the peers did not all connect within ``timeout_s``, or the ring
@@ -204,6 +205,14 @@ def init_group(hostfile: str | Path, rank: int, *, timeout_s: float = DEFAULT_TI
     hosts = read_hostfile(hostfile)
     if not 0 <= rank < len(hosts):
         raise ValueError(f"rank {rank} is outside the hostfile's {len(hosts)} ranks")
+    if len(hosts) == 1:
+        # A one-stage plan (every other node gone): the ring backend cannot connect to itself;
+        # MLX's singleton group makes every collective the identity.
+        os.environ.pop("MLX_RANK", None)
+        os.environ.pop("MLX_HOSTFILE", None)
+        group = mx.distributed.init(strict=False)
+        logger.info("rank 0 of 1: a one-stage pipeline (no ring)")
+        return ClusterGroup(group=group, rank=0, size=1, timeout_s=timeout_s)
     os.environ["MLX_RANK"] = str(rank)
     os.environ["MLX_HOSTFILE"] = str(hostfile)
     result: dict[str, Any] = {}

@@ -121,6 +121,13 @@ class Membership:
         )
         return True
 
+    def restart(self, reason: str) -> int:
+        """Start a new epoch with the same members (their pipeline failed while every member
+        stayed); returns the new epoch."""
+        self.epoch += 1
+        logger.warning("epoch %d: same %d members, new pipeline (%s)", self.epoch, len(self.members), reason)
+        return self.epoch
+
     def seen(self, node_id: str, now_s: float) -> None:
         """Record a sign of life (a heartbeat reply or request) from ``node_id``."""
         m = self.members.get(node_id)

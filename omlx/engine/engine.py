@@ -29,7 +29,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor
 from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.sampling import make_processors, make_sampler
-from omlx.errors import EngineError
+from omlx.errors import ClusterUnavailableError, EngineError
 from omlx.request import (
     Admitted,
     Failed,
@@ -462,7 +462,9 @@ class Engine:
             except Exception as e:
                 logger.exception("could not start request %s", req.request_id)
                 self.scheduler.finish(req.request_id, RequestStatus.FAILED)
-                sink(Failed(EngineError(f"could not start generation: {e}")))
+                # A lost pipeline (cluster mode) stays a 503 cluster_unavailable, not a 500.
+                err = e if isinstance(e, ClusterUnavailableError) else EngineError(f"could not start generation: {e}")
+                sink(Failed(err))
 
     def _insert(self, req: Request, sink: Sink) -> None:
         tokens = req.prompt_token_ids

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from omlx.cluster.launcher import ring_port
 from tests.helpers import default_model_dir
 from tests.netns import BridgedNamespaces, bridge_netns_unavailable
 
@@ -57,6 +58,7 @@ class Cluster:
                 "[cluster]\n"
                 f"heartbeat_interval_s = {HEARTBEAT_INTERVAL_S}\n"
                 f"heartbeat_timeout_s = {HEARTBEAT_TIMEOUT_S}\n"
+                "start_workers = false\n"  # the control plane only (test_cluster_serving_netns runs workers)
             )
         return home
 
@@ -173,7 +175,8 @@ def test_the_plan_spans_the_nodes_and_every_node_shows_it(lan: Cluster) -> None:
         ranges = ",".join(f"{s['layer_start']}:{s['layer_end']}" for s in stages)
         assert f"omlx cluster worker --model {lan.model} --ranges {ranges}" in worker["command"]
         hostfile = json.loads(Path(worker["hostfile"]).read_text())
-        assert hostfile == [[f"{BridgedNamespaces.SUBNET}.{10 + ids.index(s['node_id'])}:8480"] for s in stages]
+        port = ring_port(8480, other["plan_epoch"])
+        assert hostfile == [[f"{BridgedNamespaces.SUBNET}.{10 + ids.index(s['node_id'])}:{port}"] for s in stages]
     text = lan.cli(0, "status").stdout
     assert f"plan (epoch {st['plan_epoch']})" in text and "predicted step" in text and ids[2] in text
     preview = lan.cli(0, "plan", str(lan.model)).stdout

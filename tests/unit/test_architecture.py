@@ -29,7 +29,8 @@ LEVEL = {
 }
 PURE = ["cache/hashing.py", "cache/paged.py", "scheduler.py", "cluster/plan.py",
         # the cluster control plane: no arrays (the streaming probe lives in cluster/measure.py)
-        "cluster/membership.py", "cluster/control.py", "cluster/launcher.py", "cluster/agent.py"]
+        "cluster/membership.py", "cluster/control.py", "cluster/launcher.py", "cluster/agent.py",
+        "cluster/serving.py"]
 
 
 def _unit(path: Path) -> str:

@@ -38,6 +38,7 @@ def test_join_and_leave_bump_the_epoch_once() -> None:
     assert m.epoch == 2
     m.adopt_epoch(7)
     assert m.epoch == 7
+    assert m.restart("pipeline failed") == 8 and sorted(m.members) == ["a", "c"]  # same members
 
 
 def test_leave_drops_links_to_the_gone_node() -> None:
@@ -171,32 +172,56 @@ def test_worker_launch_line_and_hostfile(tmp_path) -> None:
 
 
 def test_launcher_runs_and_replaces_the_worker(tmp_path) -> None:
-    """A real child process stands in for `omlx cluster worker`: it gets the env and the line."""
+    """A real child process stands in for `omlx cluster worker`: it gets the line, its ready file
+    marks it ready, a new epoch's launch stops it (its process group), and an exit is `lost`."""
+    import os
     import sys
+    import time
 
     out = tmp_path / "out"
     script = (
         "import os, sys, time; a = sys.argv; "
-        "open(a[a.index('--model') + 1] + '.' + os.environ['MLX_RANK'], 'w').write(' '.join(a[1:])); "
+        "open(a[a.index('--model') + 1] + '.' + a[a.index('--rank') + 1], 'w').write(' '.join(a[1:])); "
+        "open(a[a.index('--ready-file') + 1], 'w').close() if '--ready-file' in a else None; "
         "time.sleep(60)"
     )
-    launcher = WorkerLauncher([sys.executable, "-c", script], extra_args=["--port", "8123"])
+    launcher = WorkerLauncher([sys.executable, "-c", script], extra_args=["--timeout-s", "9"])
     hostfile = tmp_path / "h.json"
 
-    def launch(rank: int) -> WorkerLaunch:
-        return WorkerLaunch(1, rank, 2, str(out), ((0, 1), (1, 2)), hostfile, ("a:1", "b:1"))
+    def launch(epoch: int, rank: int) -> WorkerLaunch:
+        return WorkerLaunch(epoch, rank, 2, str(out), ((0, 1), (1, 2)), hostfile, ("a:1", "b:1"), ("n0", "n1"))
 
-    launcher.restart(launch(0))
-    first = launcher._proc
-    launcher.restart(launch(1))
-    assert first is not None and first.poll() is not None  # the old epoch's worker was stopped
-    import time
+    def until(what: str, check) -> None:
+        deadline = time.monotonic() + 30
+        while not check():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
 
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "out.1").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert (tmp_path / "out.1").read_text().endswith("--ranges 0:1,1:2 --hostfile " + str(hostfile) + " --rank 1 --port 8123")
+    launcher.restart(launch(1, 1))
+    assert launcher.wait_settled(30)
+    until("the first worker is ready", lambda: launcher.status()["state"] == "ready")  # type: ignore[index]
+    first = launcher.status()["pid"]  # type: ignore[index]
+    launcher.restart(launch(2, 1))
+    assert launcher.wait_settled(30)
+    with pytest.raises(ProcessLookupError):  # the old epoch's worker was stopped (and reaped)
+        os.kill(first, 0)  # type: ignore[arg-type]
+    until("the second worker is ready", lambda: launcher.status()["state"] == "ready")  # type: ignore[index]
+    line = (tmp_path / "out.1").read_text()
+    assert f"--ranges 0:1,1:2 --hostfile {hostfile} --rank 1 --timeout-s 9 --ready-file " in line
+    assert line.endswith(f"--parent-pid {os.getpid()}")
     st = launcher.status()
-    assert st is not None and st["running"] is True and st["dry_run"] is False
+    assert st is not None and st["running"] is True and st["dry_run"] is False and st["epoch"] == 2
+    assert st["ranges"] == [[0, 1], [1, 2]] and st["node_ids"] == ["n0", "n1"]
+    os.kill(st["pid"], 9)  # type: ignore[arg-type]
+    until("a dead worker is lost", lambda: launcher.status()["state"] == "lost")  # type: ignore[index]
+    assert "exited with code -9" in str(launcher.status()["error"])  # type: ignore[index]
     launcher.stop()
-    assert launcher.status()["running"] is False  # type: ignore[index]
+    assert launcher.status() is None
+
+
+def test_ring_ports_step_per_epoch_and_wrap() -> None:
+    from omlx.cluster.launcher import NUM_RING_PORTS, ring_port
+
+    assert ring_port(8480, 0) == 8480 and ring_port(8480, 1) == 8481
+    assert ring_port(8480, NUM_RING_PORTS) == 8480
+    assert len({ring_port(8480, e) for e in range(NUM_RING_PORTS)}) == NUM_RING_PORTS
