@@ -54,6 +54,24 @@ def check_api_key(http: HttpRequest, api_key: str) -> None:
         raise AuthenticationError("invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')")
 
 
+def require_api_key(app: Sanic, api_key: str | None) -> None:
+    """With a key, answer every request outside ``OPEN_PATHS`` that lacks it with a 401 in the
+    route's error shape (`check_api_key`). Used by the server and the cluster front."""
+    if not api_key:
+        return
+
+    @app.on_request
+    async def _auth(http: HttpRequest):
+        # method NONE: Sanic's stand-in for a request it could not read (headers too large);
+        # its error response holds nothing to protect and the key could not be read anyway.
+        if http.path not in OPEN_PATHS and http.method != "NONE":
+            try:
+                check_api_key(http, api_key)
+            except AuthenticationError as e:
+                return error_response(http.path, e)
+        return None
+
+
 def health_report(pool: EnginePool, status: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """``/health`` body and status: 503 when an engine thread is dead."""
     models = []
@@ -98,16 +116,7 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     app.ctx.started_at = time.time()
     app.ctx.metrics = Metrics(pool)
 
-    @app.on_request
-    async def _auth(http: HttpRequest):
-        # method NONE: Sanic's stand-in for a request it could not read (headers too large);
-        # its error response holds nothing to protect and the key could not be read anyway.
-        if config.api_key and http.path not in OPEN_PATHS and http.method != "NONE":
-            try:
-                check_api_key(http, config.api_key)
-            except AuthenticationError as e:
-                return error_response(http.path, e)
-        return None
+    require_api_key(app, config.api_key)
 
     @app.route("/", methods=["GET", "HEAD"])
     async def root(http: HttpRequest):

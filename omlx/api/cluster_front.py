@@ -31,10 +31,10 @@ from sanic import Sanic
 from sanic import json as json_response
 from sanic import raw as raw_response
 
-from omlx.api.app import OPEN_PATHS, check_api_key
-from omlx.api.errors import OmlxErrorHandler, error_response
+from omlx.api.app import require_api_key
+from omlx.api.errors import OmlxErrorHandler
 from omlx.config import ServerConfig
-from omlx.errors import AuthenticationError, ClusterUnavailableError
+from omlx.errors import ClusterUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +69,7 @@ def create_front(config: ServerConfig, serving: Any, status: dict[str, Any]) -> 
     async def _close(app: Sanic) -> None:
         await app.ctx.client.aclose()
 
-    @app.on_request
-    async def _auth(http: HttpRequest):
-        if config.api_key and http.path not in OPEN_PATHS and http.method != "NONE":
-            try:
-                check_api_key(http, config.api_key)
-            except AuthenticationError as e:
-                return error_response(http.path, e)
-        return None
+    require_api_key(app, config.api_key)
 
     @app.route("/health", methods=["GET", "HEAD"])
     async def health(http: HttpRequest):
