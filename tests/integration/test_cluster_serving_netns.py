@@ -54,17 +54,7 @@ else:
 class ServingCluster(Cluster):
     """As the control-plane test's nodes, but the agents start real workers."""
 
-    def home(self, i: int) -> Path:
-        home = self.root / f"node{i}"
-        if not home.exists():
-            home.mkdir()
-            (home / "config.toml").write_text(
-                "[cluster]\n"
-                f"heartbeat_interval_s = {HEARTBEAT_INTERVAL_S}\n"
-                f"heartbeat_timeout_s = {HEARTBEAT_TIMEOUT_S}\n"
-                f"step_timeout_s = {STEP_TIMEOUT_S}\n"
-            )
-        return home
+    extra_cluster_settings = f"step_timeout_s = {STEP_TIMEOUT_S}\n"
 
     def chat(self, i: int = 0) -> dict[str, Any]:
         r = self.net.run(i, [PY, "-c", CLIENT, f"http://127.0.0.1:{PORT}/v1", MODEL_ID, PROMPT, str(MAX_TOKENS)],
