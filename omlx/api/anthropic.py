@@ -33,7 +33,7 @@ from sanic import Request as HttpRequest
 from sanic import json as json_response
 
 from omlx.api.anthropic_framing import MessageBuilder, SseEvent, scale_tokens, to_sse
-from omlx.api.params import get_bool, get_float, get_int, get_list, get_str, parse_json_object
+from omlx.api.params import get_bool, get_float, get_int, get_list, get_str, parse_json_object, require_tool_dialect
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
 from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta
 from omlx.engine.chat import RenderedPrompt, render_prompt
@@ -371,6 +371,9 @@ def _prepare(http: HttpRequest) -> _Prepared:
     stream = get_bool(body, "stream", False)
     entry = ctx.pool.get(model_name)
     chat = _chat_for(body, entry, max_tokens)
+    tc = body.get("tool_choice")
+    if chat.tools and isinstance(tc, dict) and tc.get("type") in ("any", "tool"):
+        require_tool_dialect(entry.tool_dialect, model_name, repr(tc["type"]))
     d = entry.settings  # the model's [models."<id>"] defaults, with the request's profile laid over them
     sampling_fields = dict(
         temperature=get_float(body, "temperature", _or(d.default_temperature, 1.0), lo=0.0, hi=1.0),

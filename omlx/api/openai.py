@@ -22,6 +22,7 @@ from sanic import json as json_response
 from omlx.api import anthropic as anthropic_routes
 from omlx.api.params import (
     get_bool,
+    get_effort,
     get_float,
     get_int,
     get_list,
@@ -29,6 +30,7 @@ from omlx.api.params import (
     get_stop,
     get_str,
     parse_json_object,
+    require_tool_dialect,
 )
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_data
 from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta, ToolCallArgsDelta, ToolCallStart
@@ -75,6 +77,9 @@ def sampling_from_openai(body: dict[str, Any], entry: PoolEntry, num_prompt_toke
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n != 1):
         raise InvalidRequestError("'n' must be 1: this server returns one choice per request", param="n")
+    best_of = body.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int) or best_of != 1):
+        raise InvalidRequestError("'best_of' must be 1: this server returns one choice per request", param="best_of")
     mt = get_int(body, "max_completion_tokens", None, lo=1)
     if mt is None:
         mt = get_int(body, "max_tokens", None, lo=1)
@@ -194,13 +199,16 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
         messages = _validate_messages(get_list(body, "messages", non_empty=True))
         tools = validate_tools(get_list(body, "tools", None))
         tool_choice = validate_tool_choice(body.get("tool_choice"), tools)
+        if tool_choice == "required" or isinstance(tool_choice, dict):
+            require_tool_dialect(entry.tool_dialect, model_name, "required" if tool_choice == "required" else "function")
         ctk = body.get("chat_template_kwargs")
         if ctk is not None and not isinstance(ctk, dict):
             raise InvalidRequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
         ctk = dict(ctk or {})
         thinking = ctk.pop("enable_thinking", None)
-        if thinking is None and body.get("reasoning_effort") is not None:
-            thinking = body.get("reasoning_effort") != "none"
+        effort = get_effort(body.get("reasoning_effort"), "reasoning_effort")
+        if thinking is None and effort is not None:
+            thinking = effort != "none"
         if thinking is None:
             thinking = entry.settings.enable_thinking
         rendered = render_prompt(tok, messages, tools=tools or None, enable_thinking=thinking, template_kwargs=ctk)

@@ -14,6 +14,7 @@ import copy
 from typing import Any
 
 from omlx import __version__
+from omlx.api.params import REASONING_EFFORTS
 
 _REF = "#/components/schemas/"
 
@@ -89,7 +90,7 @@ SCHEMAS: dict[str, Any] = {
             "tools": {"type": "array", "items": _OPENAI_TOOL},
             "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
             "chat_template_kwargs": _OBJ,
-            "reasoning_effort": _STR,
+            "reasoning_effort": {"enum": list(REASONING_EFFORTS)},
             **_SAMPLING,
         },
     },
@@ -155,7 +156,7 @@ SCHEMAS: dict[str, Any] = {
             "parallel_tool_calls": _BOOL,
             "truncation": {"enum": ["auto", "disabled"]},
             "include": {"type": "array", "items": _STR},
-            "reasoning": _OBJ,
+            "reasoning": {"type": "object", "properties": {"effort": {"enum": list(REASONING_EFFORTS)}}},
             "text": _OBJ,
             "metadata": _OBJ,
         },

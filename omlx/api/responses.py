@@ -26,7 +26,7 @@ from sanic import Request as HttpRequest
 from sanic import json as json_response
 
 from omlx.api.openai import logprob_json, sampling_from_openai
-from omlx.api.params import get_bool, get_int, get_list, get_str, parse_json_object
+from omlx.api.params import get_bool, get_effort, get_int, get_list, get_str, parse_json_object, require_tool_dialect
 from omlx.api.responses_framing import ResponseBuilder, new_id
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_event
 from omlx.api.turn import ContentDelta, ModelTurn
@@ -371,7 +371,11 @@ def _prepare(http: HttpRequest) -> _Prepared:
     extra = [t for it in all_items if isinstance(it, dict) and it.get("type") == "additional_tools"
              for t in (it.get("tools") or [])]  # Codex sends some tools as an input item
     chat_tools, names = flatten_tools([*tools, *extra])
-    chat_tools = _choose_tools(chat_tools, body.get("tool_choice"))
+    choice = body.get("tool_choice")
+    chat_tools = _choose_tools(chat_tools, choice)
+    if chat_tools and (choice == "required" or (isinstance(choice, dict) and (
+            choice.get("type") == "function" or choice.get("mode") == "required"))):
+        require_tool_dialect(entry.tool_dialect, model_name, "required" if choice == "required" else str(choice.get("type")))
     parallel = get_bool(body, "parallel_tool_calls", True)
     stream = get_bool(body, "stream", False)
     store = get_bool(body, "store", True)
@@ -386,7 +390,7 @@ def _prepare(http: HttpRequest) -> _Prepared:
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise InvalidRequestError("'reasoning' must be an object", param="reasoning")
-    effort = (reasoning or {}).get("effort")
+    effort = get_effort((reasoning or {}).get("effort"), "reasoning.effort")
     thinking = None if effort is None else effort != "none"
     if thinking is None:
         thinking = entry.settings.enable_thinking  # None: the template's default

@@ -102,6 +102,52 @@ def test_anthropic_tool_choice_naming_a_missing_tool_is_400(server):
     assert r.status_code == 400 and r.json()["type"] == "error"
 
 
+_RESP_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+_ANTH_TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": "required"}),
+    ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+    ("/v1/responses", {"tools": [_RESP_TOOL], "tool_choice": "required"}),
+    ("/v1/responses", {"tools": [_RESP_TOOL], "tool_choice": {"type": "function", "name": "get_weather"}}),
+    ("/v1/messages", {"tools": [_ANTH_TOOL], "tool_choice": {"type": "any"}}),
+    ("/v1/messages", {"tools": [_ANTH_TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}),
+], ids=["chat-required", "chat-named", "responses-required", "responses-named", "messages-any", "messages-tool"])
+def test_a_forced_tool_call_on_a_model_without_a_tool_format_is_400(server, path, body):
+    """SmolLM2's template has no tool-call format: a forced call could only come back as text."""
+    if path == "/v1/responses":
+        base = {"model": MODEL_ID, "max_output_tokens": 2, "input": "hi"}
+    else:
+        base = {"model": MODEL_ID, "max_tokens": 2, "messages": HI}
+    r = _post(server, path, {**base, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "no tool-call format" in err["message"] and MODEL_ID in err["message"], err
+    # auto stays allowed: the model may answer in text
+    auto = {"type": "auto"} if path == "/v1/messages" else "auto"
+    assert _post(server, path, {**base, **body, "tool_choice": auto}).status_code == 200
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"best_of": 0}, "best_of"),
+    ("/v1/completions", {"best_of": 3}, "best_of"),
+    ("/v1/chat/completions", {"reasoning_effort": 5}, "reasoning_effort"),
+    ("/v1/chat/completions", {"reasoning_effort": "max"}, "reasoning_effort"),
+    ("/v1/responses", {"reasoning": {"effort": 5}}, "reasoning.effort"),
+], ids=["best_of-0", "best_of-3", "chat-effort-5", "chat-effort-max", "responses-effort-5"])
+def test_out_of_range_choices_are_400_naming_the_field(server, path, body, param):
+    if path == "/v1/completions":
+        base = {"model": MODEL_ID, "max_tokens": 2, "prompt": "hi"}
+    elif path == "/v1/responses":
+        base = {"model": MODEL_ID, "max_output_tokens": 2, "input": "hi"}
+    else:
+        base = {"model": MODEL_ID, "max_tokens": 2, "messages": HI}
+    r = _post(server, path, {**base, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()
+
+
 def test_four_stop_strings_are_fine(server):
     r = _post(server, "/v1/chat/completions", {"model": MODEL_ID, "max_tokens": 2, "messages": HI, "stop": ["a", "b", "c", "d"]})
     assert r.status_code == 200, r.text
