@@ -112,6 +112,10 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     engine.start()
     entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config), settings=settings)
     logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")
+    if entry.tool_dialect is None:
+        logger.warning("%s: no tool-call format detected in its chat template (set tool_dialect in [models.\"%s\"] "
+                       "if it has one): requests with tools get text answers, and a forced tool call is a 400",
+                       model_id, model_id)
     if warmup:
         t0 = time.monotonic()
         msgs = [{"role": "user", "content": "Warm-up: say hello in one short sentence, please."}]

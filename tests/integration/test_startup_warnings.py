@@ -28,3 +28,9 @@ def test_health_reports_kernels_without_warning_by_default(server):
     if k["backend"] == "cpu":
         assert (k["path"], k["slow"], k["warning"]) == ("reference", False, "")
         assert not any("kv_gather" in m for m in body["slow_paths"])
+
+
+def test_a_model_without_a_tool_call_format_is_warned_at_load(server):
+    """SmolLM2's template has no tool-call format: tools would silently come back as text."""
+    log = server.log()
+    assert "SmolLM2-135M-Instruct: no tool-call format detected" in log, log[-3000:]
