@@ -184,6 +184,9 @@ class NodeAgent:
         self._departed: set[str] = set()  # members that left (heartbeat loss or goodbye)
         self.left_reasons: dict[str, str] = {}  # node id -> why it left (last time), for errors
         self._restart_backoff_s = 0.0  # grows while restarted pipelines keep failing
+        # node id -> its worker as its heartbeats report it: (epoch, state, error, since_s), since_s
+        # = monotonic time this agent first heard that state (a follower's crash is seen idle).
+        self.peer_workers: dict[str, tuple[int, str, str | None, float]] = {}
         self.events: collections.deque[str] = collections.deque(maxlen=_NUM_EVENTS)
         self._peers: dict[str, _Peer] = {}
         self._known: dict[str, tuple[str, int]] = {}  # node id -> control address (mDNS/inbound)
@@ -393,7 +396,16 @@ class NodeAgent:
             "stream_rate_bytes_s": me.stream_rate_bytes_s,
             "links": {k: list(v) for k, v in me.links.items()},
             "model_path": me.model_path,
+            "worker": self._worker_report(),
         }
+
+    def _worker_report(self) -> dict[str, Any] | None:
+        """This node's worker for heartbeats: the coordinator restarts a pipeline whose follower
+        worker failed while idle (no request would notice until the next one)."""
+        st = self.launcher.status()
+        if st is None or st["dry_run"]:
+            return None
+        return {"epoch": st["epoch"], "state": st["state"], "error": st["error"]}
 
     def _apply_figures(self, node_id: str, figs: dict[str, Any]) -> None:
         m = self.membership.members.get(node_id)
@@ -414,6 +426,14 @@ class NodeAgent:
             m.links = {str(k): (float(v[0]), float(v[1])) for k, v in links.items()}
         model = figs.get("model_path")
         m.model_path = str(model) if model else None
+        worker = figs.get("worker")
+        if isinstance(worker, dict):
+            report = (int(worker["epoch"]), str(worker["state"]), worker.get("error"))
+            known = self.peer_workers.get(m.node_id)
+            since = known[3] if known is not None and known[:3] == report else time.monotonic()
+            self.peer_workers[m.node_id] = (*report, since)
+        else:
+            self.peer_workers.pop(m.node_id, None)
         before = self.membership.epoch
         self.membership.adopt_epoch(int(figs.get("epoch", 0) or 0))
         if self.membership.epoch > before:
@@ -451,24 +471,48 @@ class NodeAgent:
     def _record_left(self, node_id: str, reason: str) -> None:
         self.left_reasons[node_id] = reason
 
+    def lost_worker(self) -> tuple[str, str] | None:
+        """(node id, error) of a member of the plan in force whose worker its agent reports lost
+        in this epoch (its heartbeats carry it), else None. This node's own worker is not included."""
+        if self.plan is None or self.plan_epoch != self.membership.epoch:
+            return None
+        for s in self.plan.stages:
+            report = self.peer_workers.get(s.node_id)
+            if (s.node_id != self.info.node_id and s.node_id in self.membership.members and report is not None
+                    and report[0] == self.plan_epoch and report[1] == "lost"):
+                return s.node_id, str(report[2] or "its worker is lost")
+        return None
+
     def _check_pipeline(self) -> None:
         """Coordinator: restart a pipeline that failed while every member stayed (a worker crashed
         or a step timed out on a live node): a new epoch with the same members, so every node
-        restarts its worker on fresh ring ports. Waits one heartbeat timeout first (a member that
-        died is dropped by then, and that epoch change re-plans anyway), then backs off."""
+        restarts its worker on fresh ring ports. A follower whose agent reports its worker lost
+        (heartbeats) is restarted at once, even while idle; this node's own lost worker waits one
+        heartbeat timeout first (a member that died is dropped by then, and that epoch change
+        re-plans anyway). Restarts that keep failing back off."""
         st = self.launcher.status()
-        if st is None or st["state"] == "ready":
+        peer = self.lost_worker()
+        if peer is None and (st is None or st["state"] == "ready"):
             if st is not None:
                 self._restart_backoff_s = 0.0
             return
-        if (st["state"] != "lost" or self.membership.coordinator_id != self.info.node_id
-                or st["epoch"] != self.membership.epoch or self.plan_epoch != self.membership.epoch):
+        if self.membership.coordinator_id != self.info.node_id or self.plan_epoch != self.membership.epoch:
             return
-        wait_s = max(self.settings.heartbeat_timeout_s + self.settings.heartbeat_interval_s, self._restart_backoff_s)
-        if float(st["state_for_s"]) < wait_s:  # type: ignore[arg-type]
+        if peer is not None:
+            node_id, error = peer
+            lost_for_s = time.monotonic() - self.peer_workers[node_id][3]
+            wait_s = self._restart_backoff_s
+            what = f"node {node_id}'s worker failed ({error})"
+        elif st is not None and st["state"] == "lost" and st["epoch"] == self.membership.epoch:
+            lost_for_s = float(st["state_for_s"])  # type: ignore[arg-type]
+            wait_s = max(self.settings.heartbeat_timeout_s + self.settings.heartbeat_interval_s, self._restart_backoff_s)
+            what = str(st["error"])
+        else:
+            return
+        if lost_for_s < wait_s:
             return
         self._restart_backoff_s = min(max(2 * self._restart_backoff_s, 5.0), _MAX_RESTART_BACKOFF_S)
-        reason = f"the pipeline of epoch {st['epoch']} failed with every member still here: {st['error']}"
+        reason = f"the pipeline of epoch {self.membership.epoch} failed with every member still here: {what}"
         epoch = self.membership.restart(reason)
         self._event(f"epoch {epoch}: restarting the workers ({reason})")
         self._replan()
