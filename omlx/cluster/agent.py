@@ -396,6 +396,7 @@ class NodeAgent:
             "stream_rate_bytes_s": me.stream_rate_bytes_s,
             "links": {k: list(v) for k, v in me.links.items()},
             "model_path": me.model_path,
+            "members": sorted(self.membership.members),
             "worker": self._worker_report(),
         }
 
@@ -434,12 +435,33 @@ class NodeAgent:
             self.peer_workers[m.node_id] = (*report, since)
         else:
             self.peer_workers.pop(m.node_id, None)
-        before = self.membership.epoch
-        self.membership.adopt_epoch(int(figs.get("epoch", 0) or 0))
-        if self.membership.epoch > before:
+        ids = figs.get("members")
+        if self._adopt_epoch(int(figs.get("epoch", 0) or 0), [str(i) for i in ids] if isinstance(ids, list) else None,
+                             m.node_id):
             # Another node saw a membership change: the coordinator announces a plan for it,
             # so every node converges on one plan per epoch.
             self._replan()
+
+    def _adopt_epoch(self, epoch: int, member_ids: list[str] | None, sender: str) -> bool:
+        """Move up to ``sender``'s newer epoch; a member it no longer lists that is silent here
+        too, or whose connection here has closed, leaves in that epoch (``Membership.adopt_epoch``)
+        instead of costing one more epoch when this node's own heartbeat notices. True when the
+        epoch went up."""
+        before = self.membership.epoch
+        s = self.settings
+        closed = [p.node_id for p in self._peers.values() if p.conn.closed]
+        gone = self.membership.adopt_epoch(epoch, member_ids, now_s=time.monotonic(), unreachable=closed,
+                                           silent_s=max(2 * s.heartbeat_interval_s, s.heartbeat_timeout_s / 2))
+        for node_id in gone:
+            why = "its connection here has closed" if node_id in closed else "it is silent here too"
+            reason = f"node {sender} no longer lists it in epoch {epoch}, and {why}"
+            self._departed.add(node_id)
+            self._record_left(node_id, reason)
+            self._event(f"epoch {epoch}: node {node_id} left: {reason}")
+            peer = self._peers.pop(node_id, None)
+            if peer is not None:  # the dial loop keeps trying its address, as after a lost heartbeat
+                self._spawn(peer.conn.close())
+        return self.membership.epoch > before
 
     async def _heartbeat(self, peer: _Peer) -> None:
         try:
@@ -566,7 +588,8 @@ class NodeAgent:
     def _adopt_plan(self, epoch: int, plan: Plan, model_path: str, sender: str) -> None:
         if epoch == self.plan_epoch and self.plan == plan and self.model_path == model_path:
             return  # the same plan announced again: the running workers stay
-        self.membership.adopt_epoch(epoch)
+        if sender != self.info.node_id:
+            self._adopt_epoch(epoch, [st.node_id for st in plan.stages] + list(plan.unused_node_ids), sender)
         self.plan, self.plan_epoch, self.plan_error, self.model_path = plan, epoch, None, model_path
         self.plan_from = sender
         ranks = ", ".join(f"{s.node_id}[{s.layer_start},{s.layer_end})" for s in plan.stages)
