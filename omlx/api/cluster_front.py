@@ -141,6 +141,14 @@ async def _forward(http: HttpRequest, serving: Any) -> Any:
         await upstream.aclose()
 
 
+_LOSS_POLL_S = 0.25
+"""While a stream waits for its next bytes, how often the front checks the pipeline's nodes."""
+
+
+class _PipelineLeft(Exception):
+    """A node of the streaming request's pipeline left the membership."""
+
+
 def _is_sse(upstream: httpx.Response) -> bool:
     return (upstream.headers.get("content-type", "").startswith("text/event-stream")
             and "content-encoding" not in upstream.headers)
@@ -149,11 +157,25 @@ def _is_sse(upstream: httpx.Response) -> bool:
 async def _relay_sse(path: str, upstream: httpx.Response, response: Any, serving: Any, snapshot: Any) -> None:
     """Pass an event stream through event by event. The worker's own ``cluster_unavailable``
     error event gets the lost node's name; a stream that stops before its proper end (the worker
-    died, or its agent stopped it for a new epoch) gets the protocol's error event from here."""
+    died, or its agent stopped it for a new epoch) gets the protocol's error event from here. A
+    node of the stream's pipeline leaving the membership ends it at once: the worker may sit in a
+    collective until its step timeout, and stopping it takes up to its SIGTERM grace."""
     relay = SseRelay(protocol_of(path))
     cut: str | None = None
+    chunks = upstream.aiter_raw().__aiter__()
     try:
-        async for chunk in upstream.aiter_raw():
+        while True:
+            read = asyncio.ensure_future(chunks.__anext__())
+            while not read.done():
+                await asyncio.wait({read}, timeout=_LOSS_POLL_S)
+                if not read.done() and serving.lost_peers(snapshot):
+                    read.cancel()
+                    await asyncio.gather(read, return_exceptions=True)
+                    raise _PipelineLeft
+            try:
+                chunk = read.result()
+            except StopAsyncIteration:
+                break
             for ev in relay.feed(chunk):
                 message = relay.cluster_error(ev)
                 if message is None:
@@ -163,6 +185,8 @@ async def _relay_sse(path: str, upstream: httpx.Response, response: Any, serving
                     await response.send(relay.with_message(ev, err.message))
     except httpx.HTTPError as e:
         cut = f"{type(e).__name__}: {e}"
+    except _PipelineLeft:
+        cut = "a node of its pipeline left the cluster"
     if cut is None and not relay.ended:
         cut = "the stream ended before its last event"
     if cut is not None:
