@@ -146,7 +146,15 @@ _LOSS_POLL_S = 0.25
 
 
 class _PipelineLeft(Exception):
-    """A node of the streaming request's pipeline left the membership."""
+    """A node of the streaming request's pipeline left the membership, or a new epoch's launch
+    replaced it."""
+
+
+def _pipeline_gone(serving: Any, snapshot: Any) -> bool:
+    if snapshot is None:
+        return False
+    now = serving.snapshot()
+    return bool(serving.lost_peers(snapshot)) or now is None or now["epoch"] != snapshot["epoch"]
 
 
 def _is_sse(upstream: httpx.Response) -> bool:
@@ -158,8 +166,9 @@ async def _relay_sse(path: str, upstream: httpx.Response, response: Any, serving
     """Pass an event stream through event by event. The worker's own ``cluster_unavailable``
     error event gets the lost node's name; a stream that stops before its proper end (the worker
     died, or its agent stopped it for a new epoch) gets the protocol's error event from here. A
-    node of the stream's pipeline leaving the membership ends it at once: the worker may sit in a
-    collective until its step timeout, and stopping it takes up to its SIGTERM grace."""
+    node of the stream's pipeline leaving the membership, or a new epoch replacing the pipeline,
+    ends it at once: the worker may sit in a collective until its step timeout, and stopping it
+    takes up to its SIGTERM grace."""
     relay = SseRelay(protocol_of(path))
     cut: str | None = None
     chunks = upstream.aiter_raw().__aiter__()
@@ -168,7 +177,7 @@ async def _relay_sse(path: str, upstream: httpx.Response, response: Any, serving
             read = asyncio.ensure_future(chunks.__anext__())
             while not read.done():
                 await asyncio.wait({read}, timeout=_LOSS_POLL_S)
-                if not read.done() and serving.lost_peers(snapshot):
+                if not read.done() and _pipeline_gone(serving, snapshot):
                     read.cancel()
                     await asyncio.gather(read, return_exceptions=True)
                     raise _PipelineLeft
@@ -186,7 +195,7 @@ async def _relay_sse(path: str, upstream: httpx.Response, response: Any, serving
     except httpx.HTTPError as e:
         cut = f"{type(e).__name__}: {e}"
     except _PipelineLeft:
-        cut = "a node of its pipeline left the cluster"
+        cut = "a node of its pipeline left the cluster, or a new epoch replaced the pipeline"
     if cut is None and not relay.ended:
         cut = "the stream ended before its last event"
     if cut is not None:
