@@ -9,7 +9,12 @@ no worker is ready (planning, a new epoch's workers starting, a lost pipeline) i
 ``Retry-After`` and the protocol's error shape (OpenAI, or Anthropic under ``/v1/messages``),
 code ``cluster_unavailable``, naming the reason. When the worker itself reports its pipeline lost
 (503 ``cluster_unavailable``), the front waits up to ``serving.loss_wait_s`` for the agent to name
-the node that left and says so. ``/health`` shows the agent's view (epoch, plan, worker state).
+the node that left and says so. An event stream is relayed event by event
+(``omlx.api.sse_relay``): a stream that stops before its proper end (``[DONE]``, ``message_stop``,
+``response.completed``...) because the worker died or was replaced mid-response gets the
+protocol's own error event from the front, naming the lost node when the agent knows it, so a
+client can tell a cut stream from a finished one; the worker's own ``cluster_unavailable`` error
+event gets the lost node's name too. ``/health`` shows the agent's view (epoch, plan, worker state).
 
 The front loads no model and never serves one itself: no silent single-node fallback.
 ``serving`` is duck-typed (``omlx.cluster.serving.ClusterServing``; api and cluster never import
@@ -33,6 +38,7 @@ from sanic import raw as raw_response
 
 from omlx.api.app import require_api_key
 from omlx.api.errors import OmlxErrorHandler
+from omlx.api.sse_relay import SseRelay, protocol_of
 from omlx.config import ServerConfig
 from omlx.errors import ClusterUnavailableError
 
@@ -118,11 +124,14 @@ async def _forward(http: HttpRequest, serving: Any) -> Any:
                                 content_type=upstream.headers.get("content-type"))
         response = await http.respond(status=upstream.status_code, headers=_headers(upstream),
                                       content_type=upstream.headers.get("content-type"))
+        if _is_sse(upstream):
+            await _relay_sse(http.path, upstream, response, serving, snapshot)
+            return None
         try:
             async for chunk in upstream.aiter_raw():
                 await response.send(chunk)
         except httpx.HTTPError as e:
-            # The status line is sent: the client sees the stream end early (no error shape fits).
+            # Not a stream of events: no error shape fits after the status line; the body is short.
             logger.error("rank 0's worker stopped mid-response on %s (%s: %s); the response is cut short",
                          http.path, type(e).__name__, e)
             return None
@@ -130,6 +139,94 @@ async def _forward(http: HttpRequest, serving: Any) -> Any:
         return None
     finally:
         await upstream.aclose()
+
+
+_LOSS_POLL_S = 0.25
+"""While a stream waits for its next bytes, how often the front checks the pipeline's nodes."""
+
+
+class _PipelineLeft(Exception):
+    """A node of the streaming request's pipeline left the membership, or a new epoch's launch
+    replaced it."""
+
+
+def _pipeline_gone(serving: Any, snapshot: Any) -> bool:
+    if snapshot is None:
+        return False
+    now = serving.snapshot()
+    return bool(serving.lost_peers(snapshot)) or now is None or now["epoch"] != snapshot["epoch"]
+
+
+def _is_sse(upstream: httpx.Response) -> bool:
+    return (upstream.headers.get("content-type", "").startswith("text/event-stream")
+            and "content-encoding" not in upstream.headers)
+
+
+async def _relay_sse(path: str, upstream: httpx.Response, response: Any, serving: Any, snapshot: Any) -> None:
+    """Pass an event stream through event by event. The worker's own ``cluster_unavailable``
+    error event gets the lost node's name; a stream that stops before its proper end (the worker
+    died, or its agent stopped it for a new epoch) gets the protocol's error event from here. A
+    node of the stream's pipeline leaving the membership, or a new epoch replacing the pipeline,
+    ends it at once: the worker may sit in a collective until its step timeout, and stopping it
+    takes up to its SIGTERM grace."""
+    relay = SseRelay(protocol_of(path))
+    cut: str | None = None
+    chunks = upstream.aiter_raw().__aiter__()
+    try:
+        while True:
+            read = asyncio.ensure_future(chunks.__anext__())
+            while not read.done():
+                await asyncio.wait({read}, timeout=_LOSS_POLL_S)
+                if not read.done() and _pipeline_gone(serving, snapshot):
+                    read.cancel()
+                    await asyncio.gather(read, return_exceptions=True)
+                    raise _PipelineLeft
+            try:
+                chunk = read.result()
+            except StopAsyncIteration:
+                break
+            for ev in relay.feed(chunk):
+                message = relay.cluster_error(ev)
+                if message is None:
+                    await response.send(ev.raw)
+                else:
+                    err = await _name_the_loss(serving, snapshot, message)
+                    await response.send(relay.with_message(ev, err.message))
+    except httpx.HTTPError as e:
+        cut = f"{type(e).__name__}: {e}"
+    except _PipelineLeft:
+        cut = "a node of its pipeline left the cluster, or a new epoch replaced the pipeline"
+    if cut is None and not relay.ended:
+        cut = "the stream ended before its last event"
+    if cut is not None:
+        err = await _name_the_cut(serving, snapshot, cut)
+        logger.error("%s: %s (after %d events; %d bytes of a partial event dropped)", path, err.message,
+                     relay.num_events, relay.num_pending_bytes)
+        await response.send(relay.error_event(err))
+    await response.eof()
+
+
+async def _name_the_cut(serving: Any, snapshot: Any, detail: str) -> ClusterUnavailableError:
+    """The stream from rank 0's worker stopped early: wait (briefly) for the agent to see why: a
+    node that left, or the worker no longer ready (it exited, or a new epoch replaced it)."""
+    deadline = time.monotonic() + serving.loss_wait_s
+    while True:
+        lost = serving.lost_peers(snapshot)
+        now = serving.snapshot()
+        # The launcher marks an exited worker lost within its poll period (0.25 s); a new epoch
+        # replaces the launch at once.
+        changed = now is None or snapshot is None or now["state"] != "ready" or now["epoch"] != snapshot["epoch"]
+        if lost or changed or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.1)
+    head = "the cluster pipeline was lost mid-response, the response is incomplete"
+    if lost:
+        why = "; ".join(lost)
+    elif now is not None and now["error"]:
+        why = str(now["error"])
+    else:
+        why = f"rank 0's worker stopped sending ({detail})"
+    return _unavailable(serving, f"{head}: {why}. Retry once the cluster has re-planned (see /health).")
 
 
 def _headers(upstream: httpx.Response) -> dict[str, str]:

@@ -184,6 +184,9 @@ class NodeAgent:
         self._departed: set[str] = set()  # members that left (heartbeat loss or goodbye)
         self.left_reasons: dict[str, str] = {}  # node id -> why it left (last time), for errors
         self._restart_backoff_s = 0.0  # grows while restarted pipelines keep failing
+        # node id -> its worker as its heartbeats report it: (epoch, state, error, since_s), since_s
+        # = monotonic time this agent first heard that state (a follower's crash is seen idle).
+        self.peer_workers: dict[str, tuple[int, str, str | None, float]] = {}
         self.events: collections.deque[str] = collections.deque(maxlen=_NUM_EVENTS)
         self._peers: dict[str, _Peer] = {}
         self._known: dict[str, tuple[str, int]] = {}  # node id -> control address (mDNS/inbound)
@@ -393,7 +396,17 @@ class NodeAgent:
             "stream_rate_bytes_s": me.stream_rate_bytes_s,
             "links": {k: list(v) for k, v in me.links.items()},
             "model_path": me.model_path,
+            "members": sorted(self.membership.members),
+            "worker": self._worker_report(),
         }
+
+    def _worker_report(self) -> dict[str, Any] | None:
+        """This node's worker for heartbeats: the coordinator restarts a pipeline whose follower
+        worker failed while idle (no request would notice until the next one)."""
+        st = self.launcher.status()
+        if st is None or st["dry_run"]:
+            return None
+        return {"epoch": st["epoch"], "state": st["state"], "error": st["error"]}
 
     def _apply_figures(self, node_id: str, figs: dict[str, Any]) -> None:
         m = self.membership.members.get(node_id)
@@ -414,12 +427,41 @@ class NodeAgent:
             m.links = {str(k): (float(v[0]), float(v[1])) for k, v in links.items()}
         model = figs.get("model_path")
         m.model_path = str(model) if model else None
-        before = self.membership.epoch
-        self.membership.adopt_epoch(int(figs.get("epoch", 0) or 0))
-        if self.membership.epoch > before:
+        worker = figs.get("worker")
+        if isinstance(worker, dict):
+            report = (int(worker["epoch"]), str(worker["state"]), worker.get("error"))
+            known = self.peer_workers.get(m.node_id)
+            since = known[3] if known is not None and known[:3] == report else time.monotonic()
+            self.peer_workers[m.node_id] = (*report, since)
+        else:
+            self.peer_workers.pop(m.node_id, None)
+        ids = figs.get("members")
+        if self._adopt_epoch(int(figs.get("epoch", 0) or 0), [str(i) for i in ids] if isinstance(ids, list) else None,
+                             m.node_id):
             # Another node saw a membership change: the coordinator announces a plan for it,
             # so every node converges on one plan per epoch.
             self._replan()
+
+    def _adopt_epoch(self, epoch: int, member_ids: list[str] | None, sender: str) -> bool:
+        """Move up to ``sender``'s newer epoch; a member it no longer lists that is silent here
+        too, or whose connection here has closed, leaves in that epoch (``Membership.adopt_epoch``)
+        instead of costing one more epoch when this node's own heartbeat notices. True when the
+        epoch went up."""
+        before = self.membership.epoch
+        s = self.settings
+        closed = [p.node_id for p in self._peers.values() if p.conn.closed]
+        gone = self.membership.adopt_epoch(epoch, member_ids, now_s=time.monotonic(), unreachable=closed,
+                                           silent_s=max(2 * s.heartbeat_interval_s, s.heartbeat_timeout_s / 2))
+        for node_id in gone:
+            why = "its connection here has closed" if node_id in closed else "it is silent here too"
+            reason = f"node {sender} no longer lists it in epoch {epoch}, and {why}"
+            self._departed.add(node_id)
+            self._record_left(node_id, reason)
+            self._event(f"epoch {epoch}: node {node_id} left: {reason}")
+            peer = self._peers.pop(node_id, None)
+            if peer is not None:  # the dial loop keeps trying its address, as after a lost heartbeat
+                self._spawn(peer.conn.close())
+        return self.membership.epoch > before
 
     async def _heartbeat(self, peer: _Peer) -> None:
         try:
@@ -451,24 +493,48 @@ class NodeAgent:
     def _record_left(self, node_id: str, reason: str) -> None:
         self.left_reasons[node_id] = reason
 
+    def lost_worker(self) -> tuple[str, str] | None:
+        """(node id, error) of a member of the plan in force whose worker its agent reports lost
+        in this epoch (its heartbeats carry it), else None. This node's own worker is not included."""
+        if self.plan is None or self.plan_epoch != self.membership.epoch:
+            return None
+        for s in self.plan.stages:
+            report = self.peer_workers.get(s.node_id)
+            if (s.node_id != self.info.node_id and s.node_id in self.membership.members and report is not None
+                    and report[0] == self.plan_epoch and report[1] == "lost"):
+                return s.node_id, str(report[2] or "its worker is lost")
+        return None
+
     def _check_pipeline(self) -> None:
         """Coordinator: restart a pipeline that failed while every member stayed (a worker crashed
         or a step timed out on a live node): a new epoch with the same members, so every node
-        restarts its worker on fresh ring ports. Waits one heartbeat timeout first (a member that
-        died is dropped by then, and that epoch change re-plans anyway), then backs off."""
+        restarts its worker on fresh ring ports. A follower whose agent reports its worker lost
+        (heartbeats) is restarted at once, even while idle; this node's own lost worker waits one
+        heartbeat timeout first (a member that died is dropped by then, and that epoch change
+        re-plans anyway). Restarts that keep failing back off."""
         st = self.launcher.status()
-        if st is None or st["state"] == "ready":
+        peer = self.lost_worker()
+        if peer is None and (st is None or st["state"] == "ready"):
             if st is not None:
                 self._restart_backoff_s = 0.0
             return
-        if (st["state"] != "lost" or self.membership.coordinator_id != self.info.node_id
-                or st["epoch"] != self.membership.epoch or self.plan_epoch != self.membership.epoch):
+        if self.membership.coordinator_id != self.info.node_id or self.plan_epoch != self.membership.epoch:
             return
-        wait_s = max(self.settings.heartbeat_timeout_s + self.settings.heartbeat_interval_s, self._restart_backoff_s)
-        if float(st["state_for_s"]) < wait_s:  # type: ignore[arg-type]
+        if peer is not None:
+            node_id, error = peer
+            lost_for_s = time.monotonic() - self.peer_workers[node_id][3]
+            wait_s = self._restart_backoff_s
+            what = f"node {node_id}'s worker failed ({error})"
+        elif st is not None and st["state"] == "lost" and st["epoch"] == self.membership.epoch:
+            lost_for_s = float(st["state_for_s"])  # type: ignore[arg-type]
+            wait_s = max(self.settings.heartbeat_timeout_s + self.settings.heartbeat_interval_s, self._restart_backoff_s)
+            what = str(st["error"])
+        else:
+            return
+        if lost_for_s < wait_s:
             return
         self._restart_backoff_s = min(max(2 * self._restart_backoff_s, 5.0), _MAX_RESTART_BACKOFF_S)
-        reason = f"the pipeline of epoch {st['epoch']} failed with every member still here: {st['error']}"
+        reason = f"the pipeline of epoch {self.membership.epoch} failed with every member still here: {what}"
         epoch = self.membership.restart(reason)
         self._event(f"epoch {epoch}: restarting the workers ({reason})")
         self._replan()
@@ -522,7 +588,8 @@ class NodeAgent:
     def _adopt_plan(self, epoch: int, plan: Plan, model_path: str, sender: str) -> None:
         if epoch == self.plan_epoch and self.plan == plan and self.model_path == model_path:
             return  # the same plan announced again: the running workers stay
-        self.membership.adopt_epoch(epoch)
+        if sender != self.info.node_id:
+            self._adopt_epoch(epoch, [st.node_id for st in plan.stages] + list(plan.unused_node_ids), sender)
         self.plan, self.plan_epoch, self.plan_error, self.model_path = plan, epoch, None, model_path
         self.plan_from = sender
         ranks = ", ".join(f"{s.node_id}[{s.layer_start},{s.layer_end})" for s in plan.stages)

@@ -107,6 +107,11 @@ class Connection:
         self.peer_id, self.peer_info, self.address = peer_id, peer_info, address
         self._lock = asyncio.Lock()
 
+    @property
+    def closed(self) -> bool:
+        """The other side closed the connection (EOF seen, nothing left to read) or we did."""
+        return self.writer.is_closing() or self.reader.at_eof()
+
     async def send(self, msg: dict[str, Any], payload: bytes = b"") -> None:
         self.writer.write(json.dumps(msg, separators=(",", ":")).encode() + b"\n" + payload)
         await self.writer.drain()

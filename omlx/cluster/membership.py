@@ -1,9 +1,11 @@
 """Cluster membership per epoch, and turning members into the planner's NodeSpecs.
 
 Owns the rules: a node joins or leaves -> the epoch goes up by one (membership is fixed within an
-epoch); a member not heard from within the heartbeat timeout has left; the coordinator (who plans
-and announces plans) is the first member in stage order; stage order puts HTTP-serving members first (rank 0 serves HTTP), then members that
-were given a model to plan, then the rest by id; the first in that order coordinates.
+epoch); a member not heard from within the heartbeat timeout has left; adopting a peer's newer
+epoch drops, within it, the members that peer no longer lists and this node no longer hears (see
+``adopt_epoch``); stage order puts HTTP-serving members first (rank 0 serves HTTP), then members
+that were given a model to plan, then the rest by id; the first in that order is the coordinator
+(it plans and announces plans).
 Pure Python: no sockets, no clocks (callers pass ``now_s``), no mlx.
 """
 
@@ -112,9 +114,7 @@ class Membership:
         """Drop ``node_id``; True (and the epoch goes up) when it was a member. Never drops self."""
         if node_id == self.self_id or node_id not in self.members:
             return False
-        del self.members[node_id]
-        for m in self.members.values():
-            m.links.pop(node_id, None)
+        self._drop(node_id)
         self.epoch += 1
         logger.warning(
             "node %s left the cluster (%s): epoch %d, %d members", node_id, reason, self.epoch, len(self.members)
@@ -134,10 +134,60 @@ class Membership:
         if m is not None:
             m.last_seen_s = max(m.last_seen_s, now_s)
 
-    def adopt_epoch(self, epoch: int) -> None:
-        """Move up to an epoch another node announced (epochs never go down)."""
-        if epoch > self.epoch:
-            self.epoch = epoch
+    def _drop(self, node_id: str) -> None:
+        del self.members[node_id]
+        for m in self.members.values():
+            m.links.pop(node_id, None)
+
+    def adopt_epoch(
+        self,
+        epoch: int,
+        member_ids: Iterable[str] | None = None,
+        *,
+        now_s: float = 0.0,
+        silent_s: float = 0.0,
+        unreachable: Iterable[str] = (),
+    ) -> list[str]:
+        """Move up to an epoch another node announced (epochs never go down).
+
+        When the announcer's members of that epoch are given, a member of ours it does not list,
+        and that this node has not heard from for more than ``silent_s`` seconds or whose
+        connection to this node has closed (``unreachable``), is dropped into that epoch (no
+        epoch of its own): the announcer saw it leave first, and dropping it later would cost
+        every node one more epoch and one more worker restart. A member we still hear from
+        stays (it may have just joined us, or be cut off only from the announcer); its own
+        heartbeats decide.
+
+        Args:
+            epoch: The announced epoch.
+            member_ids: The announcer's member ids in ``epoch``; None: adopt the number only.
+            now_s: Monotonic time now (seconds).
+            silent_s: Silence (seconds since ``last_seen_s``) after which an unlisted member is
+                dropped.
+            unreachable: Ids of members whose connection to this node has closed.
+
+        Returns:
+            The ids dropped, sorted (empty when ``epoch`` is not newer than ours).
+        """
+        if epoch <= self.epoch:
+            return []
+        self.epoch = epoch
+        if member_ids is None:
+            return []
+        listed, closed = set(member_ids), set(unreachable)
+        gone = sorted(
+            m.node_id
+            for m in self.members.values()
+            if m.node_id != self.self_id
+            and m.node_id not in listed
+            and (now_s - m.last_seen_s > silent_s or m.node_id in closed)
+        )
+        for node_id in gone:
+            self._drop(node_id)
+        if gone:
+            logger.warning("epoch %d: %s left (the node announcing the epoch no longer lists them): %d members",
+                           self.epoch, ", ".join(gone), len(self.members))
+        return gone
 
     def expired(self, now_s: float, timeout_s: float) -> list[str]:
         """Members other than self not seen for more than ``timeout_s`` seconds, by id."""

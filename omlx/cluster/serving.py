@@ -51,9 +51,13 @@ class ClusterServing:
         if w["dry_run"]:
             return None, "cluster mode without workers (dry run): nothing can serve"
         state = w["state"]
-        if state == WorkerState.READY:
-            return f"http://127.0.0.1:{w['http_port']}", ""
         stages = self._stages(w)
+        if state == WorkerState.READY:
+            peer = a.lost_worker()  # a follower's worker failed (seen idle, through heartbeats)
+            if peer is None:
+                return f"http://127.0.0.1:{w['http_port']}", ""
+            return None, (f"cluster epoch {w['epoch']}: the pipeline ({stages}) is lost: node {peer[0]}'s "
+                          f"worker failed ({peer[1]}); the cluster restarts the workers")
         if state == WorkerState.STARTING:
             return None, (f"cluster epoch {w['epoch']}: the pipeline's workers are starting ({stages}) "
                           f"for {w['state_for_s']:.0f} s{self._after_loss()}")

@@ -4,7 +4,9 @@ The node plans SmolLM2 onto itself (one stage, all 30 layers), its agent starts 
 worker on a loopback port, and the public port forwards to it: the real `openai` and `anthropic`
 SDKs, streaming included, with the API key checked. Killing the worker gives a 503
 `cluster_unavailable` with Retry-After naming the exit; the coordinator then restarts the
-pipeline in a new epoch and the same request gives the same greedy text. Runs without root.
+pipeline in a new epoch and the same request gives the same greedy text. Killing the worker in
+the middle of a streamed response ends the stream with the protocol's own error event (the SDKs
+raise, or see ``response.failed``), not a silent end. Runs without root.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from tests.helpers import MODEL_ID, ServerProcess, default_model_dir, free_port
 
 KEY = "front-test-key"
 PROMPT = "Name one colour."
+LONG_PROMPT = "Write a long story about a dragon who learns to cook, in many chapters."
+LONG_MAX_TOKENS = 1000  # long enough that the kill lands mid-response (it is sent at the first text)
 
 
 def wait_ready(url: str, timeout_s: float = 180) -> dict:
@@ -93,3 +97,64 @@ def test_a_dead_worker_is_a_clear_503_then_the_pipeline_restarts(front: ServerPr
     health = wait_ready(front.url)
     assert health["cluster"]["epoch"] > epoch and health["cluster"]["worker"]["state"] == "ready"
     assert chat(front.url) == text
+
+
+def stream_and_kill(url: str, protocol: str, pid: int) -> tuple[str, object]:
+    """Stream a long generation with the real SDK, SIGKILL rank 0's worker at the first text;
+    returns (the text received, what ended the stream: the raised error or the last event)."""
+    text: list[str] = []
+
+    def got(piece: str | None) -> None:
+        if piece and not "".join(text):
+            os.kill(pid, signal.SIGKILL)
+        text.append(piece or "")
+
+    msgs = [{"role": "user", "content": LONG_PROMPT}]
+    if protocol == "anthropic":
+        client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        try:
+            for ev in client.messages.create(model=MODEL_ID, messages=msgs, max_tokens=LONG_MAX_TOKENS, stream=True):
+                if ev.type == "content_block_delta":
+                    got(ev.delta.text)
+        except anthropic.APIStatusError as e:
+            return "".join(text), e
+        return "".join(text), None
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    if protocol == "responses":
+        last = None
+        for last in client.responses.create(model=MODEL_ID, input=LONG_PROMPT, max_output_tokens=LONG_MAX_TOKENS,
+                                            temperature=0, stream=True):
+            if last.type == "response.output_text.delta":
+                got(last.delta)
+        return "".join(text), last
+    try:
+        for chunk in client.chat.completions.create(model=MODEL_ID, messages=msgs, max_tokens=LONG_MAX_TOKENS,
+                                                    temperature=0, stream=True):
+            if chunk.choices:
+                got(chunk.choices[0].delta.content)
+    except openai.APIError as e:
+        return "".join(text), e
+    return "".join(text), None
+
+
+@pytest.mark.parametrize("protocol", ["openai", "anthropic", "responses"])
+def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_event(front: ServerProcess, protocol: str) -> None:
+    health = wait_ready(front.url)
+    text, end = stream_and_kill(front.url, protocol, health["cluster"]["worker"]["pid"])
+    assert text, f"no text before the stream ended: {end!r}"
+    if protocol == "openai":
+        assert isinstance(end, openai.APIError), f"the stream ended without an error after {text!r}"
+        body = end.body
+        assert body["code"] == "cluster_unavailable" and body["type"] == "server_error", body
+        message = body["message"]
+    elif protocol == "anthropic":
+        assert isinstance(end, anthropic.APIStatusError), f"the stream ended without an error after {text!r}"
+        body = end.body
+        assert body["type"] == "error" and body["error"]["type"] == "api_error", body
+        message = body["error"]["message"]
+    else:
+        assert end is not None and end.type == "response.failed", f"last event {end!r} after {text!r}"
+        assert end.response.status == "failed" and end.response.error.code == "cluster_unavailable", end
+        message = end.response.error.message
+    assert "lost mid-response" in message and "exited with code -9" in message, message
+    wait_ready(front.url)  # the coordinator restarts the pipeline for the next test

@@ -4,10 +4,13 @@ Node 0 runs `omlx serve --cluster` (rank 0: the public HTTP front), nodes 1 and 
 join` with the secret; they find each other over mDNS, node 0 plans SmolLM2 over the three and
 every agent starts its `omlx cluster worker`. A greedy chat completion through node 0's public
 port (the real `openai` SDK, run inside node 0's namespace) must equal the single-node output
-(plain `omlx serve`), tokens and log-probabilities. Then node 2 dies (agent and worker, SIGKILL):
-the next request gets a 503 `cluster_unavailable` naming node 2 within the heartbeat timeout,
-the cluster re-plans onto nodes 0 and 1, and a later request gives the identical output again.
-Needs root (ip netns); skipped with the reason otherwise.
+(plain `omlx serve`), tokens and log-probabilities. Then node 2 dies (agent and worker, SIGKILL)
+in the middle of a streamed response: the stream ends with an error event naming node 2 (the SDK
+raises), the next request gets a 503 `cluster_unavailable` naming node 2 within the heartbeat
+timeout, the cluster re-plans onto nodes 0 and 1, and a later request gives the identical output
+again. Last, node 1's worker crashes while the cluster is idle: the front's `/health` turns 503
+within a few heartbeats without any request (node 1's agent reports it), and the pipeline
+restarts. Needs root (ip netns); skipped with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -50,6 +53,41 @@ else:
                       "logprobs": [[t.token, t.logprob] for t in c.logprobs.content]}))
 """
 
+# A long streamed generation: prints "text" at its first text, then one JSON line at the end.
+STREAM_CLIENT = r"""
+import json, sys
+import openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0, timeout=120)
+text = ""
+try:
+    for c in client.chat.completions.create(model=sys.argv[2], messages=[{"role": "user", "content": sys.argv[3]}],
+                                            temperature=0, max_tokens=1000, stream=True):
+        piece = c.choices[0].delta.content if c.choices else None
+        if piece and not text:
+            print("text", flush=True)
+        text += piece or ""
+except openai.APIError as e:
+    print(json.dumps({"text": text, "error": e.body}))
+else:
+    print(json.dumps({"text": text, "error": None}))
+"""
+LONG_PROMPT = "Write a long story about a dragon who learns to cook, in many chapters."
+
+# Polls the front's /health: prints the wall-clock time and body of the first non-200 answer.
+HEALTH_POLLER = r"""
+import json, sys, time
+import httpx
+deadline = time.monotonic() + float(sys.argv[2])
+print("polling", flush=True)
+while time.monotonic() < deadline:
+    r = httpx.get(sys.argv[1] + "/health", timeout=5)
+    if r.status_code != 200:
+        print(json.dumps({"t": time.time(), "status": r.status_code, "body": r.json()}), flush=True)
+        sys.exit(0)
+    time.sleep(0.1)
+print(json.dumps({"t": time.time(), "status": 200}), flush=True)
+"""
+
 
 class ServingCluster(Cluster):
     """As the control-plane test's nodes, but the agents start real workers."""
@@ -61,6 +99,11 @@ class ServingCluster(Cluster):
                          timeout_s=180)
         assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{self.log(0)[-4000:]}"
         return json.loads(r.stdout)
+
+    def in_ns(self, i: int, script: str, *args: str) -> subprocess.Popen:
+        """A python ``script`` inside node ``i``'s namespace, its stdout a pipe (text lines)."""
+        return subprocess.Popen(["ip", "netns", "exec", self.net.names[i], PY, "-c", script, *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
 
     def worker(self, i: int) -> dict[str, Any] | None:
         return self.status(i)["worker"]
@@ -116,11 +159,20 @@ def test_three_nodes_serve_one_model_then_survive_losing_one(lan: ServingCluster
     out = lan.chat()
     assert out == reference, (out, reference)
 
-    # Node 2 vanishes: its agent and its worker die at once (SIGKILL, no goodbye).
+    # Node 2 vanishes in the middle of a streamed response: its agent and its worker die at once
+    # (SIGKILL, no goodbye).
     gone = lan.node_id(2)
     worker_pid = lan.worker(2)["pid"]  # type: ignore[index]
+    stream = lan.in_ns(0, STREAM_CLIENT, f"http://127.0.0.1:{PORT}/v1", MODEL_ID, LONG_PROMPT)
+    assert stream.stdout is not None and stream.stdout.readline() == "text\n", stream.communicate()
     lan.kill(2)
     os.kill(worker_pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    rest, err = stream.communicate(timeout=120)
+    cut = json.loads(rest)
+    print(f"the stream cut by the loss ended {time.monotonic() - t0:.1f} s after the kill with: {cut['error']}")
+    assert cut["text"] and cut["error"] is not None, cut  # an error event, not a silent end
+    assert cut["error"]["code"] == "cluster_unavailable" and gone in cut["error"]["message"], cut
     t0 = time.monotonic()
     out = lan.chat()
     elapsed = time.monotonic() - t0
@@ -142,19 +194,29 @@ def test_three_nodes_serve_one_model_then_survive_losing_one(lan: ServingCluster
     assert out == reference, (out, reference)
 
 
-def test_a_crashed_worker_on_a_live_node_restarts_the_pipeline(lan: ServingCluster, reference: dict[str, Any]) -> None:
-    """Node 1's worker dies but its agent lives: membership stays, so no node is named; the
-    coordinator starts a new epoch with the same members and the pipeline serves again."""
+def test_a_follower_worker_crashing_while_idle_is_seen_without_a_request(lan: ServingCluster,
+                                                                         reference: dict[str, Any]) -> None:
+    """Node 1's worker dies but its agent lives, and no request comes: node 1's agent reports the
+    exit in its heartbeats, the front's /health turns 503 within a few heartbeats, and the
+    coordinator starts a new epoch with the same members; the pipeline serves again."""
     assert lan.serving(2, [0, 1]), lan.status(0)
     epoch = lan.status(0)["epoch"]
+    poller = lan.in_ns(0, HEALTH_POLLER, f"http://127.0.0.1:{PORT}", "30")
+    assert poller.stdout is not None and poller.stdout.readline() == "polling\n", poller.communicate()
+    killed_at = time.time()
     os.kill(lan.worker(1)["pid"], signal.SIGKILL)  # type: ignore[index]
-    out = lan.chat()
-    assert out["status"] == 503, out
-    assert out["body"]["code"] == "cluster_unavailable" and "no node has left" in out["body"]["message"], out
+    seen = json.loads(poller.communicate(timeout=60)[0])
+    assert seen["status"] == 503, f"/health stayed 200 for 30 s after node 1's worker died: {seen}"
+    took = seen["t"] - killed_at
+    print(f"/health turned 503 {took:.1f} s after node 1's worker died (no request): {seen['body']['cluster']['reason']}")
+    # The follower's launcher polls every 0.25 s, heartbeats go every interval; the slack covers
+    # a loaded 2-core machine (without the report /health stays 200 until a request fails).
+    assert took < 4 * HEARTBEAT_INTERVAL_S + 5.0, seen
     lan.wait_for("the pipeline restarts in a new epoch", lambda: lan.serving(2, [0, 1]) and lan.status(0)["epoch"] > epoch,
                  180, [0, 1])
     st = lan.status(0)
     assert st["worker"]["node_ids"] == [lan.node_id(0), lan.node_id(1)]
-    assert any("restarting the workers" in e for e in st["events"]), st["events"]
+    assert any("restarting the workers" in e and f"node {lan.node_id(1)}'s worker failed" in e
+               for e in st["events"]), st["events"]
     out = lan.chat()
     assert out == reference, (out, reference)

@@ -30,7 +30,9 @@ LEVEL = {
 PURE = ["cache/hashing.py", "cache/paged.py", "scheduler.py", "cluster/plan.py",
         # the cluster control plane: no arrays (the streaming probe lives in cluster/measure.py)
         "cluster/membership.py", "cluster/control.py", "cluster/launcher.py", "cluster/agent.py",
-        "cluster/serving.py"]
+        "cluster/serving.py",
+        # the cluster front's stream relay: bytes in, bytes out
+        "api/sse_relay.py"]
 
 
 def _unit(path: Path) -> str:

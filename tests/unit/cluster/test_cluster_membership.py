@@ -41,6 +41,28 @@ def test_join_and_leave_bump_the_epoch_once() -> None:
     assert m.restart("pipeline failed") == 8 and sorted(m.members) == ["a", "c"]  # same members
 
 
+def test_adopting_a_newer_epoch_drops_the_members_its_announcer_dropped_and_we_no_longer_hear() -> None:
+    """b announces epoch 5 without c (b saw c leave first): c, silent here too, leaves within
+    epoch 5 (no epoch 6 of its own); d, also unlisted but heard from a moment ago (it may have
+    just joined us), stays; its own heartbeats decide."""
+    m = Membership(self_id="a", epoch=4)
+    for node_id, seen in (("b", 9.9), ("c", 7.0), ("d", 9.8)):
+        m.join(Member(node_id, last_seen_s=seen), new_epoch=False)
+    m.me.links = {"b": (1e9, 1e-4), "c": (1e9, 1e-4)}
+    assert m.adopt_epoch(5, ["a", "b"], now_s=10.0, silent_s=1.0) == ["c"]
+    assert m.epoch == 5 and sorted(m.members) == ["a", "b", "d"] and list(m.me.links) == ["b"]
+    assert m.leave("c", "heartbeat timeout") is False and m.epoch == 5  # no extra epoch later
+    # Heard from a moment ago but its connection here has closed (a killed node): dropped too.
+    m.join(Member("e", last_seen_s=9.9), new_epoch=False)
+    assert m.adopt_epoch(6, ["a", "b", "d"], now_s=10.0, silent_s=1.0, unreachable=["e", "b"]) == ["e"]
+    assert m.epoch == 6 and sorted(m.members) == ["a", "b", "d"]
+    # Not newer, or no member list: the number only (nothing is dropped).
+    assert m.adopt_epoch(6, ["a"], now_s=100.0, silent_s=1.0) == [] and "b" in m.members
+    assert m.adopt_epoch(7, None, now_s=100.0, silent_s=1.0) == [] and m.epoch == 7 and "b" in m.members
+    # Self is never dropped, even when the announcer does not list it.
+    assert m.adopt_epoch(8, ["b", "d"], now_s=100.0, silent_s=1.0) == [] and "a" in m.members
+
+
 def test_leave_drops_links_to_the_gone_node() -> None:
     m = Membership(self_id="a")
     m.join(Member("b"))
