@@ -89,7 +89,9 @@ def make_launcher(cfg: ServerConfig) -> Any:
 
     if not cfg.cluster.start_workers:
         return WorkerLauncher(None)
-    extra = ["--base-path", str(cfg.base_dir), "--timeout-s", f"{cfg.cluster.step_timeout_s:g}"]
+    # The planner's KV reserve assumes cfg.max_concurrent_requests sequences: rank 0 batches as many.
+    extra = ["--base-path", str(cfg.base_dir), "--timeout-s", f"{cfg.cluster.step_timeout_s:g}",
+             "--max-concurrent-requests", str(cfg.max_concurrent_requests)]
     # Rank 0's worker checks the same API key as the front (from the environment, not argv).
     env = {"OMLX_API_KEY": cfg.api_key} if cfg.api_key else {}
     return WorkerLauncher([sys.executable, "-m", "omlx", "cluster", "worker"], extra_args=extra, env=env)

@@ -68,6 +68,8 @@ def test_a_one_node_plan_serves_through_the_front(front: ServerProcess) -> None:
     w = health["cluster"]["worker"]
     assert w["num_ranks"] == 1 and w["rank"] == 0 and w["ranges"] == [[0, 30]] and w["state"] == "ready", w
     assert w["http_port"] != front.port and "--api-key" not in w["command"]  # the key travels in the env
+    # rank 0 batches as many sequences as the serve's setting (default 8), which the plan's KV reserve assumes
+    assert "--max-concurrent-requests 8" in w["command"], w["command"]
     r = httpx.post(front.url + "/v1/chat/completions", json={"model": MODEL_ID, "messages": []})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     text = chat(front.url)
