@@ -194,6 +194,31 @@ class TieredHit:
     num_cached_tokens: int = 0
     num_cached_tokens_cold: int = 0
 
+    def truncate(self, num_tokens: int) -> None:
+        """Keep only the first ``num_tokens`` cached tokens (cluster ranks agree on a count).
+
+        Exact: the KV of position i depends only on tokens ``<= i``, so a prefix of a cached
+        prefix is the cached KV of that shorter prefix. Restored (cold) parts come after the
+        hot ones, so the tokens dropped are counted off the cold part first. Held blocks stay
+        held until release (they remain cached either way).
+
+        Raises:
+            ValueError: ``num_tokens`` is negative or more than the hit covers.
+        """
+        if not 0 <= num_tokens <= self.num_cached_tokens:
+            raise ValueError(f"cannot truncate a hit of {self.num_cached_tokens} tokens to {num_tokens}")
+        dropped = self.num_cached_tokens - num_tokens
+        kept: list[tuple[object, int]] = []
+        remaining = num_tokens
+        for payload, n in self.parts:
+            if remaining <= 0:
+                break
+            kept.append((payload, min(n, remaining)))
+            remaining -= n
+        self.parts = kept
+        self.num_cached_tokens = num_tokens
+        self.num_cached_tokens_cold = max(0, self.num_cached_tokens_cold - dropped)
+
 
 @dataclass(slots=True)
 class _Planned:
