@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from omlx.cache.tiered import TieredHit
 from omlx.cluster.group import ClusterGroup
 from omlx.engine.kv_cache import Lease, PrefixCacheTiers
 from omlx.errors import ClusterUnavailableError, EngineError
@@ -157,7 +158,8 @@ class ClusterPrefixCache:
         lease, self._rank_stats = self._control(
             "prefix lookup", msg, lambda: _lookup(self.tiers, self.group, lease_id, tokens, whole))
         self._rank_stats_at = time.time()
-        assert lease is not None
+        if lease is None:  # rank 0's own lookup failed (logged): a miss, released like any lease
+            lease = Lease(TieredHit(), 0, lease_id=lease_id)
         self._last = lease
         if materialize:
             self.tiers.materialize(lease)
