@@ -160,6 +160,14 @@ class RestoreCostModel:
         self.prefill_measured = True
         self.num_prefill_samples += 1
 
+    def adopt_prefill_rate(self, tokens_per_s: float) -> None:
+        """Take another process's measured prefill rate as this one's (cluster mode: a follower
+        takes the pipeline's rate that rank 0 observes; its own start-up measurement covers
+        only its layers, and skipping a restore makes the whole pipeline prefill)."""
+        if tokens_per_s > 0:
+            self.prefill_tokens_per_s = tokens_per_s
+            self.prefill_measured = True
+
     def decide(self, num_bytes: int, num_tokens: int) -> RestoreDecision:
         """Compare reading ``num_bytes`` with prefilling ``num_tokens``."""
         est_restore = num_bytes / self.read_bytes_per_s

@@ -22,7 +22,8 @@ is a key chain that rank 0 would advance alone.
 
 Control messages (``omlx.cluster.worker`` lists the others)::
 
-    {"op": "lookup", "lease": id, "tokens": [...], "whole": bool}  then gather {"n", "stats"}
+    {"op": "lookup", "lease": id, "tokens": [...], "whole": bool, "prefill_tokens_per_s": r | null}
+                                             then every rank gathers {"n", "stats"}
     {"op": "release", "lease": id}
     {"op": "store", "lease": id}             right after the release of the same lease
 """
@@ -154,7 +155,11 @@ class ClusterPrefixCache:
         lease_id = self._next_id
         self._next_id += 1
         tokens = [int(t) for t in token_ids]
-        msg = {"op": "lookup", "lease": lease_id, "tokens": tokens, "whole": whole}
+        cost = self.tiers.tiers.cost
+        # The pipeline's prefill rate as rank 0 observes it: every rank's restore-or-recompute
+        # weighs its own read time against it (a skipped restore makes the pipeline prefill).
+        rate = round(cost.prefill_tokens_per_s, 1) if cost.num_prefill_samples else None
+        msg = {"op": "lookup", "lease": lease_id, "tokens": tokens, "whole": whole, "prefill_tokens_per_s": rate}
         lease, self._rank_stats = self._control(
             "prefix lookup", msg, lambda: _lookup(self.tiers, self.group, lease_id, tokens, whole))
         self._rank_stats_at = time.time()
@@ -255,6 +260,9 @@ class FollowerPrefixCache:
 
     def lookup(self, msg: dict[str, Any]) -> None:
         lease_id, tokens = int(msg["lease"]), [int(t) for t in msg["tokens"]]
+        rate = msg.get("prefill_tokens_per_s")
+        if rate and self.tiers is not None:
+            self.tiers.tiers.cost.adopt_prefill_rate(float(rate))
         lease, _ = _lookup(self.tiers, self.group, lease_id, tokens, bool(msg["whole"]))
         self._leases[lease_id] = (lease, tokens)
 

@@ -21,7 +21,8 @@ releases and stores are replayed too, and the ranks agree on each request's cach
 Control message (JSON, broadcast from rank 0 before the call it describes)::
 
     {"op": "hello", "seed", "max_running", "prefill_step_size", "stop_token_ids"}   once
-    {"op": "lookup", "lease": id, "tokens": [ids], "whole": bool}   then every rank gathers counts
+    {"op": "lookup", "lease": id, "tokens": [ids], "whole": bool, "prefill_tokens_per_s"}
+                                                     then every rank gathers its count
     {"op": "insert", "segments": [[[ids]]], "max_tokens": [n], "sampling": [SamplingParams],
      "lease": id | null, "num_cached": n}            the lease's caches hold the first n tokens
     {"op": "next", "check": [[uid, token], ...]}     tokens rank 0 got from the previous next

@@ -96,3 +96,15 @@ def test_a_materialized_lease_cannot_be_cut():
     lease = tiers.acquire(seq + [6])
     with pytest.raises(ValueError, match="before materializing"):
         tiers.truncate(lease, 2)
+
+
+def test_a_follower_adopts_the_pipelines_prefill_rate_for_its_restore_decisions():
+    from omlx.cache.tiered import RestoreCostModel
+
+    # Its own few layers prefill fast: 0.1 s to read 20 MB (assumed 200 MB/s) loses to 0.02 s.
+    cost = RestoreCostModel(prefill_tokens_per_s=50_000.0)
+    assert not cost.decide(num_bytes=20_000_000, num_tokens=1000).restore
+    cost.adopt_prefill_rate(100.0)  # what rank 0 observes for the whole pipeline: 10 s
+    assert cost.decide(num_bytes=20_000_000, num_tokens=1000).restore
+    cost.adopt_prefill_rate(0.0)  # nothing measured: ignored
+    assert cost.prefill_tokens_per_s == 100.0
