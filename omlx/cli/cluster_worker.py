@@ -95,9 +95,9 @@ EXIT_AGENT_GONE = 5
 
 def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str, timeout_s: float, seed: int,
          ready_file: str | None = None) -> int:
-    from omlx.cluster.group import init_group
     from mlx_lm.utils import load_tokenizer
 
+    from omlx.cluster.group import init_group
     from omlx.cluster.pipeline import load_stage, stage_weight_bytes
     from omlx.cluster.prefix_cache import FollowerPrefixCache, build_stage_prefix_cache
     from omlx.cluster.worker import handshake, run_follower
@@ -122,13 +122,17 @@ def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str
                     stage_weight_bytes(stage) / 1e9)
         facts = handshake(group, stage)
         tokenizer = load_tokenizer(path)
-        if cfg.cache.enabled:
-            from omlx.api.server import make_private_dir
-
-            make_private_dir(cfg.ssd_cache_dir)  # KV of this user's prompts: this user only
         # Each rank keeps the KV tiers of its own layers (a folder per layer range).
-        tiers, note = build_stage_prefix_cache(cfg, path, config, stage, tokenizer, enabled=cfg.cache.enabled)
-        notes = [m["prefix_cache"] for m in group.gather_messages({"prefix_cache": note})]
+        try:
+            if cfg.cache.enabled:
+                from omlx.api.server import make_private_dir
+
+                make_private_dir(cfg.ssd_cache_dir)  # KV of this user's prompts: this user only
+            tiers, note = build_stage_prefix_cache(cfg, path, config, stage, tokenizer, enabled=cfg.cache.enabled)
+        except Exception as e:  # the cache is an optimization: the rank serves without it
+            logger.exception("rank %d: cannot build the prefix cache; running without it", rank)
+            tiers, note = None, f"rank {rank} layers [{stage.layer_range.start}, {stage.layer_range.end}): off: {e}"
+        notes = [m["prefix_cache"] for m in group.gather_messages({"prefix_cache": note[:1000]})]
     except OmlxError as e:
         logger.error("rank %d cannot start: %s", rank, e.message)
         return 1
@@ -201,6 +205,9 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
 
     status = startup_status(cfg)
     status["cluster"] = state
+    if cfg.cache.enabled and cache_note.startswith("off"):  # on here, but off on a rank: no ranks' cache works
+        logger.warning("prefix cache: %s", cache_note)
+        status["slow_paths"].append(f"model {model_id} runs without the prefix cache: {cache_note}")
     logger.warning("CLUSTER MODE: %s", SERVING_NOTE)
     pool = EnginePool(cfg, loader=loader, resolver=lambda mid, src: (path, "chat"))
     try:

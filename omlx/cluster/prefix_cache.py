@@ -281,6 +281,10 @@ class FollowerPrefixCache:
         if n != int(msg["num_cached"]):
             raise EngineError(f"rank {self.group.rank}: lease {lease_id} holds {n} cached tokens where "
                               f"rank 0 inserts {msg['num_cached']}: the ranks disagree; stopping the pipeline")
+        rest = [int(t) for seg in msg["segments"][0] for t in seg]
+        if n < len(tokens) and rest != tokens[n:]:  # (a whole hit inserts its first output token)
+            raise EngineError(f"rank {self.group.rank}: the insert of lease {lease_id} is not the rest of "
+                              "the prompt it looked up: the ranks disagree; stopping the pipeline")
         if n == 0 or lease is None or self.tiers is None:
             return None, None
         self.tiers.materialize(lease)

@@ -97,13 +97,12 @@ class Cluster:
     """`python -m omlx.cli.cluster_worker` once per rank, rank 0 serving HTTP on a free port."""
 
     def __init__(self, tmp: Path, ranges: str, timeout_s: float = TIMEOUT_S,
-                 rank_env: dict[int, dict[str, str]] | None = None, args: list[str] | None = None):
+                 rank_env: dict[int, dict[str, str]] | None = None):
         self.ranges = ranges
         self.num_ranks = len(ranges.split(","))
         self.tmp = tmp
         self.timeout_s = timeout_s
         self.rank_env = rank_env or {}
-        self.args = args or []
         self.base = tmp / "home"
         self.procs: list[subprocess.Popen] = []
         self.num_starts = 0
@@ -126,7 +125,7 @@ class Cluster:
             env = {**os.environ, "OMLX_LOG_LEVEL": "INFO", "OMLX_SSD_CACHE_MAX_SIZE": "256MB", **self.rank_env.get(r, {})}
             cmd = [sys.executable, "-m", "omlx.cli.cluster_worker", "--model", str(default_model_dir()),
                    "--ranges", self.ranges, "--rank", str(r), "--hostfile", str(self.hostfile),
-                   "--port", str(self.port), "--base-path", str(self.base), "--timeout-s", str(self.timeout_s), *self.args]
+                   "--port", str(self.port), "--base-path", str(self.base), "--timeout-s", str(self.timeout_s)]
             with open(self.logs[r], "w") as log:
                 self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                    start_new_session=True))
@@ -256,13 +255,19 @@ def test_two_ranks_planned_split_matches_single_node_then_survives_nothing_when_
 
 def test_three_ranks_uneven_split_matches_single_node_and_a_frozen_rank_times_out(tmp_path, reference):
     outputs, _ = reference
-    # Without the prefix cache: the split alone must give the single node's logits bit for bit.
-    cluster = Cluster(tmp_path, "0:4,4:21,21:30", args=["--no-cache"]).start()
+    # The last rank runs without a prefix cache: it holds nothing, so no rank takes anything from
+    # its cache, and the split alone must give the single node's logits bit for bit.
+    cluster = Cluster(tmp_path, "0:4,4:21,21:30", rank_env={2: {"OMLX_CACHE_ENABLED": "0"}}).start()
     try:
-        notes = httpx.get(cluster.url + "/health").json()["cluster"]["prefix_cache"]["per_rank"]
-        assert all(n.endswith(": off (disabled by configuration)") for n in notes), notes
+        body = httpx.get(cluster.url + "/health").json()
+        notes = body["cluster"]["prefix_cache"]["per_rank"]
+        assert [n.split(": ", 1)[1].split(" (")[0] for n in notes] == ["on", "on", "off"], notes
+        assert body["models"][0]["prefix_cache"].startswith("off on a rank"), body["models"][0]
+        assert any("without the prefix cache" in p for p in body["slow_paths"]), body["slow_paths"]
         for prompt in PROMPTS:
             assert greedy(cluster.url, prompt) == outputs[prompt]
+        again = chat(cluster.url, PROMPTS[0])
+        assert tokens_of(again) == outputs[PROMPTS[0]] and cached(again) == (0, 0), again["usage"]
 
         # Freeze the middle rank (alive, sockets open: no EOF). The watchdog must answer.
         os.killpg(cluster.procs[1].pid, signal.SIGSTOP)

@@ -108,3 +108,61 @@ def test_a_follower_adopts_the_pipelines_prefill_rate_for_its_restore_decisions(
     assert cost.decide(num_bytes=20_000_000, num_tokens=1000).restore
     cost.adopt_prefill_rate(0.0)  # nothing measured: ignored
     assert cost.prefill_tokens_per_s == 100.0
+
+
+def _tiers(bs: int = 4, num_layers: int = 2) -> PrefixCacheTiers:
+    ns = Namespace("m", "t", make_kv_format("float32", None, None, "KVCache"), 3, 3 + num_layers)
+    return PrefixCacheTiers(TieredCache(BlockPool(max_bytes=10**8, block_size=bs), ns, MlxPayloadCodec("float32")),
+                            num_layers)
+
+
+def _kv(num_tokens: int, num_layers: int = 2) -> list:
+    return [_cache(mx.random.normal((1, 2, num_tokens, 8)), mx.random.normal((1, 2, num_tokens, 8)))
+            for _ in range(num_layers)]
+
+
+def test_a_follower_checks_rank_0s_insert_against_its_lookup_and_stores_when_rank_0_stores():
+    from omlx.cluster.group import ClusterGroup
+    from omlx.cluster.prefix_cache import FollowerPrefixCache
+    from omlx.errors import EngineError
+
+    # MLX's singleton group (one process): the gather is real, every collective the identity.
+    group = ClusterGroup(mx.distributed.init(strict=False), rank=0, size=1, timeout_s=5)
+    tiers = _tiers()
+    seq = list(range(100, 111))
+    tiers.store(tiers.acquire(seq), _kv(len(seq)), seq)
+    follower = FollowerPrefixCache(tiers, group)
+    prompt = seq + [7, 8]
+    follower.lookup({"op": "lookup", "lease": 0, "tokens": prompt, "whole": False})
+
+    with pytest.raises(EngineError, match="holds 11 cached tokens where rank 0 inserts 8"):
+        follower.insert_caches({"lease": 0, "num_cached": 8, "segments": [[prompt[8:]]]})
+    with pytest.raises(EngineError, match="not the rest of the prompt"):
+        follower.insert_caches({"lease": 0, "num_cached": 11, "segments": [[[7, 9]]]})
+    msg = {"lease": 0, "num_cached": 11, "segments": [[[7], [8]]]}
+    caches, all_tokens = follower.insert_caches(msg)
+    assert all_tokens == [seq] and caches[0][0].offset == 11
+    assert follower.insert_caches({"lease": None}) == (None, None)  # a retried request: no lease
+
+    # The replayed generator finishes uid 5 (prompt + 3 generated tokens); rank 0 releases and
+    # stores lease 0: the follower stores the same sequence in its own tiers.
+    follower.inserted(msg, 5)
+    done = prompt + [20, 21, 22]
+    follower.finished(5, _kv(len(done) - 1), done)
+    follower.release({"op": "release", "lease": 0})
+    follower.store({"op": "store", "lease": 0})
+    lease = tiers.acquire(done + [1])
+    assert lease.num_cached_tokens == len(done) - 1
+    tiers.release(lease)
+
+    # Released but not stored by rank 0 (another op came first): nothing is stored.
+    follower.lookup({"op": "lookup", "lease": 1, "tokens": [1, 2, 3, 4, 5, 6], "whole": False})
+    follower.insert_caches({"lease": 1, "num_cached": 0, "segments": [[[1, 2, 3, 4, 5, 6]]]})
+    follower.inserted({"lease": 1}, 6)
+    follower.finished(6, _kv(7), [1, 2, 3, 4, 5, 6, 9, 9])
+    follower.release({"op": "release", "lease": 1})
+    follower.forget_unstored()
+    follower.store({"op": "store", "lease": 1})
+    lease = tiers.acquire([1, 2, 3, 4, 5, 6, 9])
+    assert lease.num_cached_tokens == 0
+    tiers.release(lease)
