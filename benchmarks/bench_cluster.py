@@ -128,7 +128,8 @@ def run_config(label: str, model_dir: Path, ranges: str | None, args: argparse.N
         n = len(ranges.split(","))
         hostfile = write_hostfile(home / "hostfile.json", [("127.0.0.1", C.free_port()) for _ in range(n)])
         cmds = [[sys.executable, "-m", "omlx.cli.cluster_worker", "--model", str(model_dir), "--ranges", ranges,
-                 "--rank", str(r), "--hostfile", str(hostfile), "--port", str(port), "--base-path", str(home)]
+                 "--rank", str(r), "--hostfile", str(hostfile), "--port", str(port), "--base-path", str(home),
+                 "--no-cache"]  # like the single node: the fixed prompt must not become a cache hit
                 for r in range(n)]
     for i, cmd in enumerate(cmds):
         log = open(log_dir / f"{label.replace(' ', '_')}-{i}.log", "w")

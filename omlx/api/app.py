@@ -139,6 +139,9 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
             out[e.loaded.model_id] = {"enabled": pc is not None, "note": e.cache_note, **({"hot": pc.stats()} if pc else {})}
             cold = pc.cold_stats() if pc is not None and hasattr(pc, "cold_stats") else None
             out[e.loaded.model_id]["cold"] = cold if cold is not None else {"enabled": False}
+            rank_stats = getattr(pc, "rank_stats", None)  # cluster mode: every rank's own tiers
+            if rank_stats is not None:
+                out[e.loaded.model_id]["cluster"] = rank_stats()
         return json_response({"models": out})
 
     @app.before_server_stop

@@ -160,6 +160,14 @@ class RestoreCostModel:
         self.prefill_measured = True
         self.num_prefill_samples += 1
 
+    def adopt_prefill_rate(self, tokens_per_s: float) -> None:
+        """Take another process's measured prefill rate as this one's (cluster mode: a follower
+        takes the pipeline's rate that rank 0 observes; its own start-up measurement covers
+        only its layers, and skipping a restore makes the whole pipeline prefill)."""
+        if tokens_per_s > 0:
+            self.prefill_tokens_per_s = tokens_per_s
+            self.prefill_measured = True
+
     def decide(self, num_bytes: int, num_tokens: int) -> RestoreDecision:
         """Compare reading ``num_bytes`` with prefilling ``num_tokens``."""
         est_restore = num_bytes / self.read_bytes_per_s
@@ -193,6 +201,31 @@ class TieredHit:
     held: list[KVBlock] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_cached_tokens_cold: int = 0
+
+    def truncate(self, num_tokens: int) -> None:
+        """Keep only the first ``num_tokens`` cached tokens (cluster ranks agree on a count).
+
+        Exact: the KV of position i depends only on tokens ``<= i``, so a prefix of a cached
+        prefix is the cached KV of that shorter prefix. Restored (cold) parts come after the
+        hot ones, so the tokens dropped are counted off the cold part first. Held blocks stay
+        held until release (they remain cached either way).
+
+        Raises:
+            ValueError: ``num_tokens`` is negative or more than the hit covers.
+        """
+        if not 0 <= num_tokens <= self.num_cached_tokens:
+            raise ValueError(f"cannot truncate a hit of {self.num_cached_tokens} tokens to {num_tokens}")
+        dropped = self.num_cached_tokens - num_tokens
+        kept: list[tuple[object, int]] = []
+        remaining = num_tokens
+        for payload, n in self.parts:
+            if remaining <= 0:
+                break
+            kept.append((payload, min(n, remaining)))
+            remaining -= n
+        self.parts = kept
+        self.num_cached_tokens = num_tokens
+        self.num_cached_tokens_cold = max(0, self.num_cached_tokens_cold - dropped)
 
 
 @dataclass(slots=True)

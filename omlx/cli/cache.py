@@ -40,6 +40,8 @@ def stats(
                 "digest": r.digest, "model_id": r.model_id, "num_files": r.num_files,
                 "num_bytes": r.num_bytes, "num_temp_files": r.num_temp_files,
                 "kv_format": r.namespace.kv_format if r.namespace else None,
+                # cluster mode: each rank keeps the KV of its own layers in its own namespace
+                "layers": [r.namespace.layer_start, r.namespace.layer_end] if r.namespace else None,
                 "format_version": r.namespace.format_version if r.namespace else None,
             } for r in rows],
         }, indent=1))
@@ -52,7 +54,8 @@ def stats(
     typer.echo(f"SSD KV cache {root}: {total_files} block files, {total_bytes / 1e6:.1f} MB")
     for r in rows:
         fmt = r.namespace.kv_format if r.namespace else "unknown namespace"
-        typer.echo(f"  {r.digest}  {r.model_id or '?'}\t{r.num_files} files\t{r.num_bytes / 1e6:.1f} MB\t{fmt}"
+        layers = f"layers [{r.namespace.layer_start}, {r.namespace.layer_end})\t" if r.namespace else ""
+        typer.echo(f"  {r.digest}  {r.model_id or '?'}\t{layers}{r.num_files} files\t{r.num_bytes / 1e6:.1f} MB\t{fmt}"
                    + (f"\t{r.num_temp_files} temp files" if r.num_temp_files else ""))
 
 

@@ -46,6 +46,7 @@ def worker_command(
     log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
     parent_pid: Annotated[Optional[int], typer.Option(help="Exit when this process (the node agent that started the worker) is gone.")] = None,
     ready_file: Annotated[Optional[str], typer.Option(help="Ranks > 0: create this file once the ring handshake is done (the node agent reads it).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Turn this rank's prefix cache (hot + SSD tiers of its layers) off; the pipeline then takes nothing from the cache.")] = False,
 ) -> None:
     from omlx.cluster.pipeline import parse_ranges
 
@@ -59,7 +60,7 @@ def worker_command(
         raise typer.Exit(2)
     cfg = config_from({
         "host": host, "port": port, "base_path": base_path, "api_key": api_key, "log_level": log_level,
-        "max_concurrent_requests": max_concurrent_requests, "cache.enabled": False,
+        "max_concurrent_requests": max_concurrent_requests, "cache.enabled": False if no_cache else None,
     }, None)
     reexec_with_blas(cfg.preload_blas, sys.orig_argv[1:])
     setup_logging(cfg.log_level)
@@ -94,8 +95,11 @@ EXIT_AGENT_GONE = 5
 
 def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str, timeout_s: float, seed: int,
          ready_file: str | None = None) -> int:
+    from mlx_lm.utils import load_tokenizer
+
     from omlx.cluster.group import init_group
     from omlx.cluster.pipeline import load_stage, stage_weight_bytes
+    from omlx.cluster.prefix_cache import FollowerPrefixCache, build_stage_prefix_cache
     from omlx.cluster.worker import handshake, run_follower
     from omlx.errors import OmlxError
 
@@ -117,22 +121,34 @@ def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str
                     stage.layer_range.start, stage.layer_range.end, path.name, time.monotonic() - t0,
                     stage_weight_bytes(stage) / 1e9)
         facts = handshake(group, stage)
+        tokenizer = load_tokenizer(path)
+        # Each rank keeps the KV tiers of its own layers (a folder per layer range).
+        try:
+            if cfg.cache.enabled:
+                from omlx.api.server import make_private_dir
+
+                make_private_dir(cfg.ssd_cache_dir)  # KV of this user's prompts: this user only
+            tiers, note = build_stage_prefix_cache(cfg, path, config, stage, tokenizer, enabled=cfg.cache.enabled)
+        except Exception as e:  # the cache is an optimization: the rank serves without it
+            logger.exception("rank %d: cannot build the prefix cache; running without it", rank)
+            tiers, note = None, f"rank {rank} layers [{stage.layer_range.start}, {stage.layer_range.end}): off: {e}"
+        notes = [m["prefix_cache"] for m in group.gather_messages({"prefix_cache": note[:1000]})]
     except OmlxError as e:
         logger.error("rank %d cannot start: %s", rank, e.message)
         return 1
     if rank > 0:
         if ready_file:
             Path(ready_file).touch()
-        return run_follower(group, stage)
-    return _serve(cfg, path, config, stage, group, layer_ranges, timeout_s, seed, facts)
+        return run_follower(group, stage, FollowerPrefixCache(tiers, group))
+    return _serve(cfg, path, config, stage, group, layer_ranges, timeout_s, seed, facts, tokenizer, tiers, notes)
 
 
 def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any, layer_ranges: list[Any],
-           timeout_s: float, seed: int, facts: list[dict[str, Any]]) -> int:
-    from mlx_lm.utils import load_tokenizer
-
+           timeout_s: float, seed: int, facts: list[dict[str, Any]], tokenizer: Any, tiers: Any,
+           cache_notes: list[str]) -> int:
     from omlx.api.server import run_app
     from omlx.api.server import make_private_dir, startup_status
+    from omlx.cluster.prefix_cache import WHOLE_HITS_NOTE
     from omlx.cluster.worker import ClusterEngine
     from omlx.config import ModelSettings
     from omlx.engine.factory import PoolEntry, model_formats
@@ -144,7 +160,6 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
     for d in (cfg.base_dir, cfg.models_dir):
         make_private_dir(d)
     model_id = path.name
-    tokenizer = load_tokenizer(path)
     ctx = int(config.get("max_position_embeddings") or config.get("max_sequence_length") or 8192)
     loaded = LoadedModel(model_id, path, stage, tokenizer, config, ctx,
                          tuple(type(c).__name__ for c in stage.make_cache()))
@@ -156,9 +171,18 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
         "timeout_s": timeout_s,
         "max_concurrent_requests": cfg.max_concurrent_requests,
         "serving": SERVING_NOTE,
-        "prefix_cache": "off in cluster mode (the KV tiers are not split by layer range yet)",
+        # Each rank's own tiers; a request takes from the cache the fewest tokens any rank holds.
+        "prefix_cache": {"per_rank": cache_notes, "whole_prompt_hits": WHOLE_HITS_NOTE},
         "error": None,
     }
+    if tiers is None:
+        cache_note = "off (disabled by configuration)" if not cfg.cache.enabled else cache_notes[0]
+    elif any(": off" in n for n in cache_notes[1:]):
+        cache_note = "off on a rank (the pipeline takes nothing from the cache): " + "; ".join(cache_notes)
+    else:
+        cache_note = ("on per rank, each rank's own layers (agreed count per request); "
+                      + "; ".join(f"rank {r} layers [{a.start}, {a.end})" for r, a in enumerate(layer_ranges))
+                      + "; " + WHOLE_HITS_NOTE)
     # Pinned: the pool must never unload the pipeline (its followers cannot reload it).
     settings = dataclasses.replace(cfg.model_settings.get(model_id) or ModelSettings(), pin=True, ttl_s=None)
     cfg = dataclasses.replace(cfg, model_settings={**cfg.model_settings, model_id: settings})
@@ -170,9 +194,10 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
         engine = ClusterEngine(model_id, stage, tokenizer,
                                scheduler=Scheduler(cfg.max_concurrent_requests, cfg.max_queued_requests),
                                group=group, timeout_s=timeout_s, state=state, seed=seed,
-                               block_size=cfg.cache.block_size)
+                               block_size=cfg.cache.block_size, prefix_cache=tiers,
+                               layer_ranges=[(r.start, r.end) for r in layer_ranges])
         engine.start()
-        entry = PoolEntry(loaded, engine, "off (cluster mode)", *model_formats(loaded, cfg), settings=s)
+        entry = PoolEntry(loaded, engine, cache_note, *model_formats(loaded, cfg), settings=s)
         made.append(entry)
         if warm:
             _warm_up(entry)
@@ -180,6 +205,9 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
 
     status = startup_status(cfg)
     status["cluster"] = state
+    if cfg.cache.enabled and cache_note.startswith("off"):  # on here, but off on a rank: no ranks' cache works
+        logger.warning("prefix cache: %s", cache_note)
+        status["slow_paths"].append(f"model {model_id} runs without the prefix cache: {cache_note}")
     logger.warning("CLUSTER MODE: %s", SERVING_NOTE)
     pool = EnginePool(cfg, loader=loader, resolver=lambda mid, src: (path, "chat"))
     try:
@@ -203,6 +231,8 @@ def _warm_up(entry: Any) -> None:
     evs = entry.engine.run_sync(Request(entry.loaded.model_id, ids, SamplingParams(max_tokens=4, temperature=0.0)), 300)
     if isinstance(evs[-1], Failed):
         raise evs[-1].error
+    if entry.engine.prefix_cache is not None:
+        entry.engine.prefix_cache.clear()  # as on one node; rank 0 holding nothing is enough
     logger.info("warmed up the pipeline in %.2f s", time.monotonic() - t0)
 
 

@@ -14,12 +14,20 @@ same collectives in the same order (rank 0 gives every unseeded sampled request 
 sampling uses a per-request key chain, never a process's global PRNG). Each ``next`` message carries rank 0's previous tokens; a
 rank that disagrees stops with an error instead of producing wrong text.
 
+Prefix cache: every rank keeps the hot and SSD tiers of its own layers; rank 0's lookups,
+releases and stores are replayed too, and the ranks agree on each request's cached-token count
+(``omlx.cluster.prefix_cache``), so a cached insert splits its segments identically everywhere.
+
 Control message (JSON, broadcast from rank 0 before the call it describes)::
 
     {"op": "hello", "seed", "max_running", "prefill_step_size", "stop_token_ids"}   once
-    {"op": "insert", "segments": [[[ids]]], "max_tokens": [n], "sampling": [SamplingParams]}
+    {"op": "lookup", "lease": id, "tokens": [ids], "whole": bool, "prefill_tokens_per_s"}
+                                                     then every rank gathers its count
+    {"op": "insert", "segments": [[[ids]]], "max_tokens": [n], "sampling": [SamplingParams],
+     "lease": id | null, "num_cached": n}            the lease's caches hold the first n tokens
     {"op": "next", "check": [[uid, token], ...]}     tokens rank 0 got from the previous next
-    {"op": "remove", "uids": [...]}
+    {"op": "remove", "uids": [...], "return_prompt_caches": bool}
+    {"op": "release", "lease": id}  {"op": "store", "lease": id}
     {"op": "stop"}                                   rank 0 is shutting down: exit 0
 """
 
@@ -37,6 +45,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences, generation_stream
 
 from omlx.cluster.group import ClusterGroup, Watchdog, lost_error
 from omlx.cluster.pipeline import StageModel
+from omlx.cluster.prefix_cache import ClusterPrefixCache, FollowerPrefixCache
 from omlx.engine.engine import Engine
 from omlx.engine.sampling import make_processors, make_sampler
 from omlx.errors import ClusterUnavailableError, EngineError
@@ -97,25 +106,20 @@ class _ReplicatedGenerator:
         self._last_tokens: list[list[int]] = []
 
     def _call(self, what: str, message: dict[str, Any], fn: Any) -> Any:
-        eng = self._engine
-        if eng.cluster_error is not None:
-            raise eng.cluster_error
-        with eng.watchdog.step(what):
-            try:
-                eng.group.broadcast_message(message)
-                return fn()
-            except ClusterUnavailableError as e:
-                eng.mark_lost(e)
-                raise
-            except RuntimeError as e:  # "[ring] connection to a peer was lost", raised by mx.eval
-                err = lost_error(eng.group.rank, e)
-                eng.mark_lost(err)
-                raise err from e
+        return self._engine.control(what, message, fn)
 
     def insert_segments(self, segments: list[list[list[int]]], **kw: Any) -> list[int]:
         p = self._engine.pending_sampling
         msg = {"op": "insert", "segments": segments, "max_tokens": kw["max_tokens"],
-               "sampling": [dataclasses.asdict(p)]}
+               "sampling": [dataclasses.asdict(p)], "lease": None, "num_cached": 0}
+        caches = kw.get("caches")
+        pc = self._engine.prefix_cache
+        if isinstance(pc, ClusterPrefixCache):
+            # The followers store the sequence under this lease when rank 0 does, hit or miss.
+            msg["lease"] = pc.take_pending(caches[0] if caches else None)
+            msg["num_cached"] = len(kw["all_tokens"][0]) if caches else 0
+        elif caches:
+            raise EngineError("cluster insert with caches but no cluster prefix cache")
         return self._call("insert", msg, lambda: self._gen.insert_segments(segments, **kw))
 
     def next(self) -> Any:
@@ -125,7 +129,7 @@ class _ReplicatedGenerator:
         return prompt_resps, gen_resps
 
     def remove(self, uids: list[int], return_prompt_caches: bool = False) -> Any:
-        msg = {"op": "remove", "uids": list(uids)}
+        msg = {"op": "remove", "uids": list(uids), "return_prompt_caches": return_prompt_caches}
         return self._call("remove", msg, lambda: self._gen.remove(uids, return_prompt_caches=return_prompt_caches))
 
 
@@ -137,12 +141,19 @@ class ClusterEngine(Engine):
         stage: rank 0's stage.
         timeout_s: most seconds one step may block before the pipeline counts as lost.
         state: a dict shown in ``/health`` under ``cluster``; ``error`` is set when lost.
-        Others as ``Engine`` (no prefix cache: the KV tiers are not split by layer range yet).
+        prefix_cache: rank 0's KV tiers (its layers only), or None to run without a cache. They
+            are wrapped in a `ClusterPrefixCache`: each lookup, release and store is replayed on
+            every rank (each over its own layers' tiers; a follower without tiers counts 0),
+            and the ranks use the fewest cached tokens any of them holds. Whole-prompt hits
+            only for greedy requests (``omlx.cluster.prefix_cache``).
+        layer_ranges: every rank's ``(start, end)`` (per-rank cache stats).
+        Others as ``Engine``.
     """
 
     def __init__(self, model_id: str, stage: StageModel, tokenizer: Any, *, scheduler: Any,
                  group: ClusterGroup, timeout_s: float, state: dict[str, Any], seed: int,
-                 prefill_step_size: int = 2048, block_size: int = 256):
+                 prefill_step_size: int = 2048, block_size: int = 256, prefix_cache: Any = None,
+                 layer_ranges: list[tuple[int, int]] | None = None):
         super().__init__(model_id, stage, tokenizer, scheduler=scheduler, prefix_cache=None,
                          block_size=block_size, prefill_step_size=prefill_step_size)
         self.group = group
@@ -151,6 +162,8 @@ class ClusterEngine(Engine):
         self.pending_sampling = SamplingParams()
         self._inserting: Any = None
         self.watchdog = Watchdog(timeout_s, self._on_timeout, rank=0)
+        if prefix_cache is not None:
+            self.prefix_cache = ClusterPrefixCache(prefix_cache, group, self.control, layer_ranges or [])
         mx.random.seed(seed)
         with self.watchdog.step("hello"):
             group.broadcast_message({
@@ -162,6 +175,28 @@ class ClusterEngine(Engine):
     @property
     def alive(self) -> bool:
         return self.cluster_error is None and super().alive
+
+    def control(self, what: str, message: dict[str, Any], fn: Any) -> Any:
+        """Broadcast ``message`` to the followers, then run ``fn`` here; timed by the watchdog.
+
+        Engine thread only. Returns ``fn()``.
+
+        Raises:
+            ClusterUnavailableError: the pipeline is (or becomes) lost; it is marked lost.
+        """
+        if self.cluster_error is not None:
+            raise self.cluster_error
+        with self.watchdog.step(what):
+            try:
+                self.group.broadcast_message(message)
+                return fn()
+            except ClusterUnavailableError as e:
+                self.mark_lost(e)
+                raise
+            except RuntimeError as e:  # "[ring] connection to a peer was lost", raised by mx.eval
+                err = lost_error(self.group.rank, e)
+                self.mark_lost(err)
+                raise err from e
 
     def submit(self, request: Request, sink: Any) -> None:
         """As ``Engine.submit``; raises ClusterUnavailableError once the pipeline is lost."""
@@ -214,13 +249,17 @@ class ClusterEngine(Engine):
             # key chain, sent to every rank with the insert.
             req.sampling = dataclasses.replace(req.sampling, seed=secrets.randbits(63))
         self.pending_sampling = req.sampling
+        if isinstance(self.prefix_cache, ClusterPrefixCache):
+            # A seeded sampler's key chain would advance on rank 0 alone (module docstring).
+            self.prefix_cache.allow_whole = req.sampling.greedy
         self._inserting = sink  # not yet in _by_rid: the watchdog must still reach it
         try:
             super()._insert(req, sink)
         finally:
             self._inserting = None
 
-    def _fail_all(self, error: Exception) -> None:
+    def _retry_batch(self, error: Exception) -> None:
+        # Engine rebuilds its generator and retries; here that would rebuild rank 0's alone.
         # A failed step leaves the ranks' generators out of step: the pipeline is over.
         err = error if isinstance(error, ClusterUnavailableError) else ClusterUnavailableError(
             f"cluster rank 0: pipeline step failed ({type(error).__name__}: {error}); "
@@ -232,8 +271,11 @@ class ClusterEngine(Engine):
         self._stopping = True  # the loop ends; nothing more can run on this group
 
 
-def run_follower(group: ClusterGroup, stage: StageModel) -> int:
+def run_follower(group: ClusterGroup, stage: StageModel, cache: FollowerPrefixCache | None = None) -> int:
     """Ranks > 0: replay rank 0's generator calls until told to stop or the pipeline breaks.
+
+    ``cache`` is this rank's side of the prefix cache (its layers' tiers); without one, this rank
+    still takes part in every lookup (reporting 0 cached tokens, so nobody uses the cache).
 
     Waiting for the next message has no timeout (rank 0 may be idle for hours; its death closes
     the socket, which MLX reports at once); every call it describes has ``group.timeout_s``.
@@ -259,6 +301,7 @@ def run_follower(group: ClusterGroup, stage: StageModel) -> int:
                          [int(t) for t in hello["stop_token_ids"]])
         stop_sequences = StopSequences([(int(t),) for t in hello["stop_token_ids"]])
         logger.info("rank %d: following rank 0 (layers [%d, %d))", rank, stage.layer_range.start, stage.layer_range.end)
+        pc = cache or FollowerPrefixCache(None, group)
         mine: dict[int, int] = {}
         num_steps = 0
         t0 = time.monotonic()
@@ -267,16 +310,21 @@ def run_follower(group: ClusterGroup, stage: StageModel) -> int:
             op = msg["op"]
             if op == "stop":
                 logger.info("rank %d: stopping after %d steps in %.0f s", rank, num_steps, time.monotonic() - t0)
+                pc.close()
                 return 0
+            if op != "store":
+                pc.forget_unstored()
             with watchdog.step(op):
                 try:
                     if op == "insert":
                         params = [_sampling_from(d) for d in msg["sampling"]]
-                        gen.insert_segments(
-                            msg["segments"], max_tokens=msg["max_tokens"],
+                        caches, all_tokens = pc.insert_caches(msg)
+                        (uid,) = gen.insert_segments(
+                            msg["segments"], max_tokens=msg["max_tokens"], caches=caches, all_tokens=all_tokens,
                             samplers=[make_sampler(p) for p in params],
                             logits_processors=[make_processors(p) for p in params],
                             stop_sequences=[stop_sequences for _ in params])
+                        pc.inserted(msg, uid)
                     elif op == "next":
                         theirs = {int(u): int(t) for u, t in msg["check"]}
                         if theirs != mine:
@@ -284,9 +332,21 @@ def run_follower(group: ClusterGroup, stage: StageModel) -> int:
                                               "the ranks disagree; stopping the pipeline")
                         _, gen_resps = gen.next()
                         mine = {r.uid: int(r.token) for r in gen_resps}
+                        for r in gen_resps:
+                            if r.finish_reason is not None:
+                                pc.finished(r.uid, r.prompt_cache, r.all_tokens)
                         num_steps += 1
                     elif op == "remove":
-                        gen.remove([int(u) for u in msg["uids"]])
+                        want = bool(msg.get("return_prompt_caches"))
+                        got = gen.remove([int(u) for u in msg["uids"]], return_prompt_caches=want)
+                        for uid, (prompt_cache, all_tokens) in (got or {}).items():
+                            pc.finished(uid, prompt_cache, all_tokens)
+                    elif op == "lookup":
+                        pc.lookup(msg)
+                    elif op == "release":
+                        pc.release(msg)
+                    elif op == "store":
+                        pc.store(msg)
                     else:
                         raise EngineError(f"rank {rank}: unknown control op {op!r}")
                 except RuntimeError as e:

@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 import numpy as np
@@ -57,6 +57,8 @@ class Lease:
         num_cached_tokens: prompt tokens whose KV comes from the cache.
         num_cached_tokens_cold: the part of those restored from the SSD tier.
         caches: one mlx-lm KVCache per layer holding that prefix, or None on a miss.
+        lease_id: cluster mode: the id every rank knows this lookup by (None on one node).
+        whole: the hit covers every prompt token (counted in ``num_whole_prompt_hits``).
     """
 
     hit: TieredHit
@@ -64,6 +66,8 @@ class Lease:
     num_cached_tokens_cold: int = 0
     caches: list[Any] | None = None
     released: bool = False
+    lease_id: int | None = None
+    whole: bool = False  # counted as a whole-prompt hit
 
 
 def weight_shas(path: Path) -> list[str]:
@@ -221,14 +225,34 @@ class PrefixCacheTiers:
         with self._lock:
             hit = self.tiers.acquire(token_ids, whole=whole)
             n = hit.num_cached_tokens
-            if whole and n == len(token_ids):
+            is_whole = whole and n == len(token_ids)
+            if is_whole:
                 self.num_whole_hits += 1
             try:
                 caches = self._materialize(hit.parts) if n and materialize else None
             except Exception:
                 self.tiers.release(hit)
                 raise
-        return Lease(hit, n, hit.num_cached_tokens_cold, caches)
+        return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole)
+
+    def truncate(self, lease: Lease, num_tokens: int) -> None:
+        """Cut an unmaterialized lease to its first ``num_tokens`` tokens (exact; see
+        `TieredHit.truncate`). A whole-prompt hit cut short no longer counts as one.
+
+        Raises:
+            ValueError: the lease is already materialized, or ``num_tokens`` is out of range.
+        """
+        if num_tokens == lease.num_cached_tokens:
+            return
+        if lease.caches is not None:
+            raise ValueError("truncate a lease before materializing it")
+        with self._lock:
+            if lease.whole:
+                self.num_whole_hits -= 1
+                lease.whole = False
+            lease.hit.truncate(num_tokens)
+            lease.num_cached_tokens = num_tokens
+            lease.num_cached_tokens_cold = lease.hit.num_cached_tokens_cold
 
     def materialize(self, lease: Lease) -> None:
         """Fill ``lease.caches`` from its held blocks (after ``acquire(..., materialize=False)``)."""
@@ -375,18 +399,29 @@ class PrefixCacheTiers:
             return self.tiers.cold_stats()
 
 
-def make_prefix_cache(loaded: LoadedModel, config: ServerConfig) -> PrefixCacheTiers:
-    """Build the cache tiers for a model from the server config (budgets printed at startup)."""
+def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range: tuple[int, int] | None = None,
+                      prefill_rate: Callable[[Any, int], float] = measure_prefill_rate) -> PrefixCacheTiers:
+    """Build the cache tiers for a model from the server config (budgets printed at startup).
+
+    Args:
+        loaded: the model (in cluster mode: one rank's stage, ``cache_classes`` its layers').
+        config: budgets, block size, SSD folder.
+        layer_range: the layers ``[start, end)`` whose KV the tiers hold (cluster mode: the
+            rank's stage), part of the namespace so each range has its own SSD folder; None =
+            every layer.
+        prefill_rate: ``(model, num_tokens) -> tokens/s`` measured at start for the restore
+            cost model (cluster mode: a stage's own layers, with no collective).
+    """
     max_bytes = config.cache.hot_cache_max_bytes or default_hot_cache_bytes()
     kv_dtype = _kv_dtype(loaded)
-    ns = model_namespace(loaded, kv_dtype)
+    ns = model_namespace(loaded, kv_dtype, layer_range)
     bs = config.cache.block_size
     pool = BlockPool(max_bytes=max_bytes, block_size=bs)
     logger.info("hot KV cache for %s: %.2f GB budget, %d-token blocks, namespace %s",
                 loaded.model_id, max_bytes / 1e9, bs, ns.digest())
     policy = TierPolicy(write_through_hits=config.cache.ssd_write_through_hits,
                         write_new_blocks=config.cache.ssd_write_new_blocks)
-    store, cost = _make_cold_tier(loaded, config, ns, kv_dtype, policy)
+    store, cost = _make_cold_tier(loaded, config, ns, kv_dtype, policy, prefill_rate)
     tiers = TieredCache(pool, ns, MlxPayloadCodec(kv_dtype) if kv_dtype in DTYPES else _NoCodec(),
                         store, policy, cost)
     return PrefixCacheTiers(tiers, len(loaded.cache_classes))
@@ -403,7 +438,8 @@ class _NoCodec:
 
 
 def _make_cold_tier(
-    loaded: LoadedModel, config: ServerConfig, ns: Namespace, kv_dtype: str, policy: TierPolicy
+    loaded: LoadedModel, config: ServerConfig, ns: Namespace, kv_dtype: str, policy: TierPolicy,
+    prefill_rate: Callable[[Any, int], float] = measure_prefill_rate,
 ) -> tuple[SSDStore | None, RestoreCostModel | None]:
     """Open the SSD tier (index rebuilt, budget printed) and measure the restore cost model."""
     if not config.cache.ssd_enabled:
@@ -433,7 +469,7 @@ def _make_cold_tier(
     if note and note.get("num_tokens") == num_tokens and time.time() - note.get("at", 0) < _PREFILL_NOTE_MAX_AGE_S:
         prefill, when = float(note["tokens_per_s"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(note["at"]))
     else:
-        prefill, when = measure_prefill_rate(loaded.model, num_tokens), "now"
+        prefill, when = prefill_rate(loaded.model, num_tokens), "now"
         store.save_note("prefill", {"num_tokens": num_tokens, "tokens_per_s": prefill, "at": time.time()})
     read_bw = store.measure_read_bandwidth() if st.num_files else None
     logger.info("restore cost model: prefill %.0f tok/s (measured %s, %d-token block); read %s",

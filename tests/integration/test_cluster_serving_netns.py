@@ -89,6 +89,15 @@ print(json.dumps({"t": time.time(), "status": 200}), flush=True)
 """
 
 
+def same_output(out: dict[str, Any], reference: dict[str, Any]) -> bool:
+    """Token for token the reference, log-probabilities within 1e-4: the workers keep the prefix
+    cache, and a prefix hit (e.g. restored from a rank's SSD tier after a restart) prefills the
+    rest in other chunks than a cold run, which moves the last digits, as on one node."""
+    return (out["status"] == reference["status"] and out["content"] == reference["content"]
+            and [t for t, _ in out["logprobs"]] == [t for t, _ in reference["logprobs"]]
+            and [lp for _, lp in out["logprobs"]] == pytest.approx([lp for _, lp in reference["logprobs"]], abs=1e-4))
+
+
 class ServingCluster(Cluster):
     """As the control-plane test's nodes, but the agents start real workers."""
 
@@ -157,7 +166,7 @@ def test_three_nodes_serve_one_model_then_survive_losing_one(lan: ServingCluster
     assert f"worker: epoch {st['worker']['epoch']} rank 0 of 3" in text and "ready" in text
 
     out = lan.chat()
-    assert out == reference, (out, reference)
+    assert same_output(out, reference), (out, reference)
 
     # Node 2 vanishes in the middle of a streamed response: its agent and its worker die at once
     # (SIGKILL, no goodbye).
@@ -191,7 +200,7 @@ def test_three_nodes_serve_one_model_then_survive_losing_one(lan: ServingCluster
     assert [s["node_id"] for s in st["plan"]["stages"]] == ids[:2]
     assert st["plan"]["stages"][-1]["layer_end"] == 30
     out = lan.chat()
-    assert out == reference, (out, reference)
+    assert same_output(out, reference), (out, reference)
 
 
 def test_a_follower_worker_crashing_while_idle_is_seen_without_a_request(lan: ServingCluster,
@@ -219,4 +228,4 @@ def test_a_follower_worker_crashing_while_idle_is_seen_without_a_request(lan: Se
     assert any("restarting the workers" in e and f"node {lan.node_id(1)}'s worker failed" in e
                for e in st["events"]), st["events"]
     out = lan.chat()
-    assert out == reference, (out, reference)
+    assert same_output(out, reference), (out, reference)

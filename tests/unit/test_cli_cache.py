@@ -17,6 +17,8 @@ runner = CliRunner()
 KV = make_kv_format("float32", None, None, "KVCache")
 NS_A = Namespace("model-a", "tok", KV, 0, 1)
 NS_B = Namespace("model-b", "tok", KV, 0, 1)
+# Cluster mode: rank 1 of model-a keeps layer [1, 2) in a namespace of its own.
+NS_A_RANK1 = Namespace("model-a", "tok", KV, 1, 2)
 
 
 def fill(base: Path, ns: Namespace, model_id: str, num_blocks: int) -> list[bytes]:
@@ -36,14 +38,17 @@ def fill(base: Path, ns: Namespace, model_id: str, num_blocks: int) -> list[byte
 def test_stats_verify_and_clear(tmp_path: Path):
     fill(tmp_path, NS_A, "model-a", 3)
     hashes_b = fill(tmp_path, NS_B, "model-b", 2)
+    fill(tmp_path, NS_A_RANK1, "model-a", 1)
 
     r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path), "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
-    assert doc["num_files"] == 5
-    assert {n["model_id"]: n["num_files"] for n in doc["namespaces"]} == {"model-a": 3, "model-b": 2}
+    assert doc["num_files"] == 6
+    assert sorted((n["model_id"], tuple(n["layers"]), n["num_files"]) for n in doc["namespaces"]) == [
+        ("model-a", (0, 1), 3), ("model-a", (1, 2), 1), ("model-b", (0, 1), 2)]
     r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path)])
-    assert r.exit_code == 0 and "5 block files" in r.output and "model-b" in r.output
+    assert r.exit_code == 0 and "6 block files" in r.output and "model-b" in r.output
+    assert "layers [1, 2)" in r.output and "layers [0, 1)" in r.output
 
     bad = block_path(tmp_path / "cache", NS_B, hashes_b[1])
     data = bytearray(bad.read_bytes())
@@ -54,11 +59,11 @@ def test_stats_verify_and_clear(tmp_path: Path):
     r = runner.invoke(app, ["cache", "verify", "--base-path", str(tmp_path)])
     assert r.exit_code == 1 and "1 removed" in r.output and not bad.exists()
     r = runner.invoke(app, ["cache", "verify", "--base-path", str(tmp_path)])
-    assert r.exit_code == 0 and "4 ok, 0 bad" in r.output
+    assert r.exit_code == 0 and "5 ok, 0 bad" in r.output
 
     r = runner.invoke(app, ["cache", "clear", "--model", "model-b", "--base-path", str(tmp_path)])
     assert r.exit_code == 0 and "removed 1 block files" in r.output
     r = runner.invoke(app, ["cache", "clear", "--ssd-cache-dir", str(tmp_path / "cache")])
-    assert r.exit_code == 0 and "removed 3 block files" in r.output
+    assert r.exit_code == 0 and "removed 4 block files" in r.output  # model-a's, of both layer ranges
     r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path)])
     assert "empty" in r.output
