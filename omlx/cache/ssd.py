@@ -95,6 +95,33 @@ def default_ssd_cache_bytes(path: Path) -> int:
     return int(min(free * 0.10, 50 * 10**9))
 
 
+WRITER_NICE = 19
+"""Nice value of the writer thread (Linux: per thread). Writing a block (serialize, CRC-32, write,
+fsync) takes CPU that a prefill's BLAS threads would otherwise have; at nice 19 it runs when the
+cores are free, so a turn after a long one is not slowed by the previous turn's writes."""
+
+
+def lower_thread_priority(nice: int) -> bool:
+    """Lower the calling thread's CPU priority; True when it took effect.
+
+    Linux: ``setpriority`` on the thread's own id (a thread is a task there); macOS: the thread's
+    background QoS (``PRIO_DARWIN_BG``, Python >= 3.12). Elsewhere, or without permission, nothing
+    changes (logged at debug): the writer then runs at the process's priority.
+    """
+    if nice <= 0:
+        return False
+    try:
+        if sys.platform.startswith("linux"):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            return True
+        if sys.platform == "darwin" and hasattr(os, "PRIO_DARWIN_THREAD"):
+            os.setpriority(os.PRIO_DARWIN_THREAD, 0, os.PRIO_DARWIN_BG)  # type: ignore[attr-defined]
+            return True
+    except OSError as exc:
+        logger.debug("cannot lower the SSD writer's priority: %s", exc)
+    return False
+
+
 @dataclass(slots=True)
 class _Entry:
     parent_hash: bytes
@@ -541,6 +568,7 @@ class SSDStore:
             return True
 
     def _write_loop(self) -> None:
+        lower_thread_priority(WRITER_NICE)
         while True:
             with self._cond:
                 while not self._high and not self._low and not self._closed:

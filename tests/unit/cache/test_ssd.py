@@ -9,6 +9,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -27,7 +28,7 @@ from omlx.cache.blockfile import (
     write_file_atomic,
 )
 from omlx.cache.hashing import Namespace, hash_block, make_kv_format
-from omlx.cache.ssd import SSDStore, clear_cache_dir, summarize_cache_dir, verify_cache_dir
+from omlx.cache.ssd import WRITER_NICE, SSDStore, clear_cache_dir, summarize_cache_dir, verify_cache_dir
 
 BS = 4
 NS = Namespace("model-a", "tok-a", make_kv_format("bfloat16", None, None, "KVCache"), 0, 2)
@@ -459,3 +460,15 @@ def test_store_clear_deletes_this_namespace_only(tmp_path: Path):
     assert a.clear() == 2 and a.stats().num_files == 0
     assert make_store(tmp_path, NS_B).stats().num_files == 2
     shutil.rmtree(tmp_path / NS.digest())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are a Linux feature")
+def test_the_writer_thread_runs_at_the_lowest_priority(tmp_path):
+    """Block writes must not take CPU from a prefill: the writer thread is niced, the caller is not."""
+    store = make_store(tmp_path)
+    write_chain(store, list(range(BS)))
+    writer = store._writer
+    assert writer is not None and writer.native_id is not None and writer.is_alive()
+    assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == WRITER_NICE == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < WRITER_NICE
+    store.close()
