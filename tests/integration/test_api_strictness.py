@@ -23,6 +23,15 @@ def _post(server, path: str, body: dict) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=120)
 
 
+def _minimal(path: str) -> dict:
+    """The smallest valid body for a generation route, generating at most 2 tokens."""
+    if path == "/v1/completions":
+        return {"model": MODEL_ID, "max_tokens": 2, "prompt": "hi"}
+    if path == "/v1/responses":
+        return {"model": MODEL_ID, "max_output_tokens": 2, "input": "hi"}
+    return {"model": MODEL_ID, "max_tokens": 2, "messages": HI}  # chat completions, messages
+
+
 @pytest.mark.parametrize("path", ["/", "/health", "/v1/models", f"/v1/models/{MODEL_ID}", "/v1/models/status",
                                   "/v1/cache/stats", "/openapi.json"])
 def test_head_works_like_get_without_a_body(server, path):
@@ -83,13 +92,7 @@ def test_anthropic_null_content_is_400(server):
 ], ids=["chat-unknown-tool", "chat-required-without-tools", "chat-named-without-tools", "chat-no-name",
         "chat-5-stops", "completions-5-stops", "responses-unknown-tool"])
 def test_lax_acceptance_is_now_400(server, path, body, param):
-    base = {"model": MODEL_ID, "max_tokens": 2}
-    if path == "/v1/completions":
-        base["prompt"] = "hi"
-    elif path == "/v1/responses":
-        base = {"model": MODEL_ID, "max_output_tokens": 2, "input": "hi"}
-    else:
-        base["messages"] = HI
+    base = _minimal(path)
     r = _post(server, path, {**base, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
@@ -116,10 +119,7 @@ _ANTH_TOOL = {"name": "get_weather", "input_schema": {"type": "object", "propert
 ], ids=["chat-required", "chat-named", "responses-required", "responses-named", "messages-any", "messages-tool"])
 def test_a_forced_tool_call_on_a_model_without_a_tool_format_is_400(server, path, body):
     """SmolLM2's template has no tool-call format: a forced call could only come back as text."""
-    if path == "/v1/responses":
-        base = {"model": MODEL_ID, "max_output_tokens": 2, "input": "hi"}
-    else:
-        base = {"model": MODEL_ID, "max_tokens": 2, "messages": HI}
+    base = _minimal(path)
     r = _post(server, path, {**base, **body})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
@@ -137,12 +137,7 @@ def test_a_forced_tool_call_on_a_model_without_a_tool_format_is_400(server, path
     ("/v1/responses", {"reasoning": {"effort": 5}}, "reasoning.effort"),
 ], ids=["best_of-0", "best_of-3", "chat-effort-5", "chat-effort-max", "responses-effort-5"])
 def test_out_of_range_choices_are_400_naming_the_field(server, path, body, param):
-    if path == "/v1/completions":
-        base = {"model": MODEL_ID, "max_tokens": 2, "prompt": "hi"}
-    elif path == "/v1/responses":
-        base = {"model": MODEL_ID, "max_output_tokens": 2, "input": "hi"}
-    else:
-        base = {"model": MODEL_ID, "max_tokens": 2, "messages": HI}
+    base = _minimal(path)
     r = _post(server, path, {**base, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
