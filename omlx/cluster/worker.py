@@ -1,12 +1,12 @@
 """Pipeline workers: rank 0 drives omlx's Engine, the other ranks replay its generator calls.
 
 Owns: the control channel protocol, ``ClusterEngine`` (rank 0: the normal continuous-batching
-Engine whose BatchGenerator calls are first broadcast to the other ranks), ``run_follower``
-(ranks > 0: replay those calls on their own BatchGenerator over their own stage), the start-up
+Engine whose runner calls are first broadcast to the other ranks), ``run_follower``
+(ranks > 0: replay those calls on their own ``BatchRunner`` over their own stage), the start-up
 handshake, and turning a lost peer into ``ClusterUnavailableError``. Must not: speak HTTP (the
 CLI hands rank 0's engine to the normal API app) or choose layer ranges.
 
-Why replay works: mlx-lm's BatchGenerator is deterministic given its calls (``insert_segments``,
+Why replay works: omlx's ``BatchRunner`` is deterministic given its calls (``insert_segments``,
 ``next``, ``remove``) and the logits, and every rank gets the same logits (the stage all-sums them
 from the last rank). So every rank's generator holds the same sequences, pads and slices its own
 KV caches the same way, samples the same tokens (same samplers, same PRNG seed) and issues the
@@ -20,7 +20,8 @@ releases and stores are replayed too, and the ranks agree on each request's cach
 
 Control message (JSON, broadcast from rank 0 before the call it describes)::
 
-    {"op": "hello", "seed", "max_running", "prefill_step_size", "stop_token_ids"}   once
+    {"op": "hello", "seed", "max_running", "prefill_step_size", "mixed_step_size", "block_size",
+     "stop_token_ids"}                               once
     {"op": "lookup", "lease": id, "tokens": [ids], "whole": bool, "prefill_tokens_per_s"}
                                                      then every rank gathers its count
     {"op": "insert", "segments": [[[ids]]], "max_tokens": [n], "sampling": [SamplingParams],
@@ -41,12 +42,13 @@ import time
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences, generation_stream
+from mlx_lm.generate import StopSequences, generation_stream
 
 from omlx.cluster.group import ClusterGroup, Watchdog, lost_error
 from omlx.cluster.pipeline import StageModel
 from omlx.cluster.prefix_cache import ClusterPrefixCache, FollowerPrefixCache
 from omlx.engine.engine import Engine
+from omlx.engine.runner import BatchRunner
 from omlx.engine.sampling import make_processors, make_sampler
 from omlx.errors import ClusterUnavailableError, EngineError
 from omlx.request import Failed, Request, SamplingParams
@@ -85,25 +87,28 @@ def _sampling_from(d: dict[str, Any]) -> SamplingParams:
     return SamplingParams(**d)
 
 
-def _generator(stage: StageModel, max_running: int, prefill_step_size: int, stop_token_ids: list[int]) -> BatchGenerator:
-    # Mirrors Engine._new_generator: the followers' generators must be built identically.
-    return BatchGenerator(
+def _generator(stage: StageModel, hello: dict[str, Any]) -> BatchRunner:
+    # Mirrors Engine._new_generator: the followers' runners must be built identically.
+    return BatchRunner(
         stage,
-        max_tokens=256,
-        stop_tokens=[(t,) for t in stop_token_ids],
-        completion_batch_size=max_running,
-        prefill_batch_size=max_running,
-        prefill_step_size=prefill_step_size,
+        stop_tokens=[(int(t),) for t in hello["stop_token_ids"]],
+        prefill_step_size=int(hello["prefill_step_size"]),
+        mixed_step_size=int(hello["mixed_step_size"]),
+        block_size=int(hello["block_size"]),
     )
 
 
 class _ReplicatedGenerator:
-    """Rank 0's BatchGenerator: every call is broadcast to the followers, then made locally."""
+    """Rank 0's BatchRunner: every call is broadcast to the followers, then made locally."""
 
-    def __init__(self, engine: ClusterEngine, gen: BatchGenerator):
+    def __init__(self, engine: ClusterEngine, gen: BatchRunner):
         self._engine = engine
         self._gen = gen
         self._last_tokens: list[list[int]] = []
+
+    @property
+    def num_prefilling(self) -> int:
+        return self._gen.num_prefilling
 
     def _call(self, what: str, message: dict[str, Any], fn: Any) -> Any:
         return self._engine.control(what, message, fn)
@@ -168,7 +173,8 @@ class ClusterEngine(Engine):
         with self.watchdog.step("hello"):
             group.broadcast_message({
                 "op": "hello", "seed": seed, "max_running": scheduler.max_running,
-                "prefill_step_size": prefill_step_size,
+                "prefill_step_size": self.prefill_step_size, "mixed_step_size": self.mixed_step_size,
+                "block_size": self.block_size,
                 "stop_token_ids": list(tokenizer.eos_token_ids),
             })
 
@@ -220,7 +226,8 @@ class ClusterEngine(Engine):
 
     def _fail_everything(self, error: ClusterUnavailableError) -> None:
         """Fail every running, starting and waiting request with ``error``."""
-        sinks = [st.sink for st in list(self._by_rid.values())]
+        sinks = [st.sink for st in list(self._by_rid.values())] + [sink for _, sink in list(self._ready)]
+        self._ready.clear()
         self._by_rid.clear()
         self._by_uid.clear()
         if self._inserting is not None:
@@ -297,8 +304,7 @@ def run_follower(group: ClusterGroup, stage: StageModel, cache: FollowerPrefixCa
         if hello.get("op") != "hello":
             raise EngineError(f"rank {rank}: expected hello, got {hello.get('op')!r}")
         mx.random.seed(int(hello["seed"]))
-        gen = _generator(stage, int(hello["max_running"]), int(hello["prefill_step_size"]),
-                         [int(t) for t in hello["stop_token_ids"]])
+        gen = _generator(stage, hello)
         stop_sequences = StopSequences([(int(t),) for t in hello["stop_token_ids"]])
         logger.info("rank %d: following rank 0 (layers [%d, %d))", rank, stage.layer_range.start, stage.layer_range.end)
         pc = cache or FollowerPrefixCache(None, group)

@@ -1,1 +1,1 @@
-"""Engines: one per loaded model, on its own thread, around mlx-lm's BatchGenerator."""
+"""Engines: one per loaded model, on its own thread, driving omlx's BatchRunner over mlx-lm models."""

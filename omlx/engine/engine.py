@@ -1,8 +1,10 @@
-"""One engine per loaded model: a thread that owns MLX and drives mlx-lm's BatchGenerator.
+"""One engine per loaded model: a thread that owns MLX and drives omlx's `BatchRunner`.
 
 The engine turns `Request`s into typed `GenerationEvent`s delivered to a per-request sink (the
 API layer's asyncio queue). It owns: admission through the `Scheduler`, prompt segmentation at
-KV-block boundaries, the prefix-cache lease of each request, detokenization and stop strings,
+the prefix-cache lease of each request (looked up when its prefill can start, so a request
+sharing a prefix with one ahead of it hits the blocks that one has just computed), its blocks
+cached as prefill chunks complete, detokenization and stop strings,
 logprobs, aborts, and failure isolation: per-request work (logits processors, non-greedy
 samplers, detokenization, stop strings) runs guarded, so its exception fails that request only;
 an exception from the batched forward pass cannot be attributed, so the batch is rebuilt and
@@ -23,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor
 from omlx.engine.output import OutputState, token_bytes
+from omlx.engine.runner import BatchRunner, StepSizes, measure_step_sizes
 from omlx.engine.sampling import make_processors, make_sampler
 from omlx.errors import ClusterUnavailableError, EngineError
 from omlx.request import (
@@ -127,31 +130,6 @@ def _guard_sampler(rid: str, sampler: Any, faults: dict[str, Exception]) -> Any:
     return guarded
 
 
-def split_segments(token_ids: list[int], start: int, block_size: int) -> list[list[int]]:
-    """Split ``token_ids[start:]`` at absolute multiples of ``block_size``.
-
-    A block prefilled from a block boundary is computed by the same forward pass whether or
-    not earlier blocks came from the cache, so a block-aligned hit gives bit-identical KV.
-    A hit that ends inside a block (a reused tail) has already left that alignment, so a
-    leading piece shorter than half a block is merged into the next segment instead of
-    costing a forward pass of its own (measured: 43 + 68 tokens on a 725-token context took
-    0.83 s against 0.69 s for one 111-token pass, SmolLM2-135M on 2 CPU cores).
-
-    Returns:
-        Non-empty segments whose concatenation is ``token_ids[start:]``.
-    """
-    segments: list[list[int]] = []
-    pos = start
-    n = len(token_ids)
-    while pos < n:
-        end = min(n, (pos // block_size + 1) * block_size)
-        segments.append(token_ids[pos:end])
-        pos = end
-    if len(segments) > 1 and start % block_size and len(segments[0]) < block_size // 2:
-        segments[:2] = [segments[0] + segments[1]]
-    return segments
-
-
 class Engine:
     """Continuous batching for one model on its own thread.
 
@@ -161,8 +139,11 @@ class Engine:
         tokenizer: mlx-lm's ``TokenizerWrapper``.
         scheduler: admission control (max running, max waiting).
         prefix_cache: the KV cache tiers, or None to run without a cache.
-        block_size: KV block size in tokens (segments are cut at its multiples).
+        block_size: KV block size in tokens (prefill chunks end at its multiples).
         prefill_step_size: most prompt tokens one forward pass processes per sequence.
+        mixed_step_size: the same while other requests decode (default: ``prefill_step_size``).
+        measure_steps: choose both step sizes by measuring the model on this device when the
+            engine thread starts (`omlx.engine.runner.measure_step_sizes`; logged).
         fault_plan: test-only injected faults (``OMLX_TEST_FAULT``, omlx.engine.faults); None
             in production.
     """
@@ -177,6 +158,8 @@ class Engine:
         prefix_cache: PrefixCache | None = None,
         block_size: int = 256,
         prefill_step_size: int = 2048,
+        mixed_step_size: int | None = None,
+        measure_steps: bool = False,
         fault_plan: FaultPlan | None = None,
     ):
         self.model_id = model_id
@@ -189,6 +172,9 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.block_size = block_size
         self.prefill_step_size = prefill_step_size
+        self.mixed_step_size = mixed_step_size or prefill_step_size
+        self.measure_steps = measure_steps
+        self.step_sizes: StepSizes | None = None
         self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
         self._eos = frozenset(tokenizer.eos_token_ids)
         self._sinks: dict[str, Sink] = {}
@@ -196,7 +182,8 @@ class Engine:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._gen: BatchGenerator | None = None
+        self._gen: BatchRunner | None = None
+        self._ready: list[tuple[Request, Sink]] = []  # admitted, waiting for the runner's prefill
         self._by_uid: dict[int, _Running] = {}
         self._by_rid: dict[str, _Running] = {}
         self._faults: dict[str, Exception] = {}  # request id -> its attributed exception, this step
@@ -264,7 +251,8 @@ class Engine:
 
     def active_requests(self) -> list[Request]:
         """Requests running or waiting, oldest first (a snapshot, from any thread)."""
-        reqs = [st.request for st in list(self._by_rid.values())] + self.scheduler.waiting()
+        reqs = [st.request for st in list(self._by_rid.values())] + [r for r, _ in list(self._ready)] \
+            + self.scheduler.waiting()
         return sorted(reqs, key=lambda r: r.arrival_s)
 
     def run_sync(self, request: Request, timeout_s: float = 600.0) -> list[GenerationEvent]:
@@ -292,27 +280,43 @@ class Engine:
 
     def num_active(self) -> int:
         """Requests known to the engine thread (running + being admitted)."""
-        return len(self._by_rid)
+        return len(self._by_rid) + len(self._ready)
 
     # ---- engine thread ----------------------------------------------------------------
 
-    def _new_generator(self) -> BatchGenerator:
-        n = self.scheduler.max_running
-        return BatchGenerator(
+    def _new_generator(self) -> BatchRunner:
+        pc = self.prefix_cache
+        hook = self._on_prefill_chunk if pc is not None and getattr(pc, "cache_blocks", None) is not None else None
+        return BatchRunner(
             self.model,
-            max_tokens=256,
             stop_tokens=[(t,) for t in self.tokenizer.eos_token_ids],
-            completion_batch_size=n,
-            prefill_batch_size=n,
             prefill_step_size=self.prefill_step_size,
+            mixed_step_size=self.mixed_step_size,
+            block_size=self.block_size,
+            on_prefill_chunk=hook,
         )
 
+    def _measure_steps(self) -> None:
+        """Pick the prefill chunk sizes for this model on this device (engine thread, once)."""
+        try:
+            sizes = measure_step_sizes(self.model, self.block_size, max_step=max(self.prefill_step_size, self.block_size))
+        except Exception:
+            logger.exception("could not measure prefill chunk sizes; keeping %d", self.prefill_step_size)
+            return
+        self.step_sizes = sizes
+        self.prefill_step_size, self.mixed_step_size = sizes.prefill_step_size, sizes.mixed_step_size
+        logger.info("%s: prefill chunk %d tokens alone, %d beside decoding streams (decode step %.1f ms; "
+                    "chunk ms by size %s)", self.model_id, sizes.prefill_step_size, sizes.mixed_step_size,
+                    sizes.decode_step_ms, {k: round(v, 1) for k, v in sizes.chunk_ms.items()})
+
     def _loop(self) -> None:
+        if self.measure_steps:
+            self._measure_steps()
         self._gen = self._new_generator()
         while not self._stopping:
             self._handle_aborts()
             self._admit()
-            if not self._by_uid:
+            if not self._by_uid and not self._ready:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
@@ -346,6 +350,10 @@ class Engine:
         for st in list(self._by_uid.values()):
             self._drop(st, remove=False)
             sinks.append(st.sink)
+        for req, sink in self._ready:
+            self.scheduler.finish(req.request_id, RequestStatus.FAILED)
+            sinks.append(sink)
+        self._ready.clear()
         self._fail_with_waiting(sinks, gone)
 
     def _fail_with_waiting(self, sinks: list[Sink | None], error: Exception) -> None:
@@ -424,7 +432,7 @@ class Engine:
             self._finish(st, "length", remove=False, prompt_cache=None, all_tokens=None)
             return
         (uid,) = self._gen.insert_segments(
-            [split_segments(tokens, 0, self.block_size)],
+            [[tokens]],
             max_tokens=[remaining],
             samplers=[st.sampler],
             logits_processors=[st.processors],
@@ -450,6 +458,10 @@ class Engine:
                 sink = self._sinks.pop(rid, None)
                 if sink is not None:
                     sink(Finished("abort", Usage(req.num_prompt_tokens, 0)) if error is None else Failed(error))
+            elif (ready := self._take_ready(rid)) is not None:
+                req, sink = ready
+                self.scheduler.finish(rid, RequestStatus.ABORTED if error is None else RequestStatus.FAILED)
+                sink(Finished("abort", Usage(req.num_prompt_tokens, 0)) if error is None else Failed(error))
 
     def _admit(self) -> None:
         for req in self.scheduler.admit():
@@ -457,6 +469,12 @@ class Engine:
             if sink is None:  # aborted between add and admit
                 self.scheduler.finish(req.request_id, RequestStatus.ABORTED)
                 continue
+            self._ready.append((req, sink))
+        # A request's prefix lookup waits until the runner has no other prefill: one that
+        # shares a prefix with the request ahead of it then hits the blocks just computed
+        # (8 agents started at once on one system prompt prefill it once).
+        while self._ready and self._gen is not None and self._gen.num_prefilling == 0:
+            req, sink = self._ready.pop(0)
             try:
                 self._insert(req, sink)
             except Exception as e:
@@ -465,6 +483,12 @@ class Engine:
                 # A lost pipeline (cluster mode) stays a 503 cluster_unavailable, not a 500.
                 err = e if isinstance(e, ClusterUnavailableError) else EngineError(f"could not start generation: {e}")
                 sink(Failed(err))
+
+    def _take_ready(self, request_id: str) -> tuple[Request, Sink] | None:
+        for i, (req, sink) in enumerate(self._ready):
+            if req.request_id == request_id:
+                return self._ready.pop(i)
+        return None
 
     def _insert(self, req: Request, sink: Sink) -> None:
         tokens = req.prompt_token_ids
@@ -487,7 +511,7 @@ class Engine:
             num_cached = lease.num_cached_tokens if lease is not None else 0
             caches = [lease.caches] if lease is not None and lease.caches is not None else None
             (uid,) = self._gen.insert_segments(
-                [split_segments(tokens, num_cached, self.block_size)],
+                [[list(tokens[num_cached:])]],
                 max_tokens=[p.max_tokens],
                 caches=caches,
                 all_tokens=[list(tokens[:num_cached])] if caches else None,
@@ -609,6 +633,18 @@ class Engine:
         elif r.finish_reason is not None:
             self._finish(st, "stop" if is_eos else "length", remove=False,
                          prompt_cache=r.prompt_cache, all_tokens=r.all_tokens)
+
+    def _on_prefill_chunk(self, uid: int, caches: list[Any], num_tokens: int) -> None:
+        """Runner hook: a prefill chunk finished; its full blocks go to the prefix cache now, so
+        a request behind this one that shares the prefix hits them while this one runs."""
+        st = self._by_uid.get(uid)
+        pc = self.prefix_cache
+        if st is None or st.lease is None or pc is None:
+            return
+        try:
+            pc.cache_blocks(st.lease, caches, list(st.request.prompt_token_ids), num_tokens)  # type: ignore[attr-defined]
+        except Exception:
+            logger.exception("could not cache the prefill blocks of %s", st.request.request_id)
 
     def _observe_prefill(self, st: _Running, now: float) -> None:
         """Give the cache's restore cost model a real prefill rate: only a request that was

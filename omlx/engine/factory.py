@@ -108,7 +108,8 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     if fault_plan is not None:
         logger.warning("TEST FAULT INJECTION is on (OMLX_TEST_FAULT=%s): generation will fail on purpose", config.test_fault)
     engine = Engine(model_id, loaded.model, loaded.tokenizer, scheduler=scheduler,
-                    prefix_cache=prefix_cache, block_size=config.cache.block_size, fault_plan=fault_plan)
+                    prefix_cache=prefix_cache, block_size=config.cache.block_size, fault_plan=fault_plan,
+                    measure_steps=True)
     engine.start()
     entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config), settings=settings)
     logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")

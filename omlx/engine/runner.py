@@ -1,0 +1,467 @@
+"""The model runner: omlx's own step loop over an mlx-lm model (batched decode, chunked prefill).
+
+One `BatchRunner` per engine, driven by the engine thread (MLX belongs to that thread). It owns
+the sequences' KV caches (mlx-lm's cache classes) and turns a call of `next()` into at most one
+batched decode step plus at most one prefill chunk:
+
+- **Prefill** runs one sequence at a time (FIFO) in chunks into that sequence's own batch-1
+  caches (``make_prompt_cache``). The last chunk includes the prompt's last token, so its
+  logits give the first output token directly, as ``mlx_lm.generate_step`` does. Chunks end at
+  absolute multiples of the chunk size (itself a multiple of the KV block size), so a prompt
+  prefilled after a block-aligned prefix hit is cut at the same positions as without it, and
+  ``on_prefill_chunk`` can hand full blocks to the prefix cache as soon as they are computed.
+  While other sequences decode, chunks are ``mixed_step_size`` tokens (about one decode step
+  of work, measured), so running streams keep flowing; alone, ``prefill_step_size``.
+- **Decode** runs every sequence past its prefill in one forward pass. A batch of one keeps its
+  own plain ``KVCache`` objects (mlx-lm's fast causal path, exactly ``generate_step``'s work per
+  token); two or more are merged into ``BatchKVCache`` (left-padded), which is filtered when a
+  sequence leaves and extracted back to a plain cache when one is left.
+- **Pipelining**: the step that feeds token t builds and queues its graph (``mx.async_eval``)
+  before the host reads t, so the host's work of a step (reading tokens, stop checks, the
+  engine's detokenizing) overlaps the accelerator's next forward: one host sync per step.
+
+The call surface (``insert_segments``, ``next``, ``remove``) and response fields follow
+mlx-lm's ``BatchGenerator``, so the engine and the cluster's replication layer drive either.
+Must not: know about requests, HTTP, or the prefix cache's internals (it reports chunks only).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+from mlx_lm.generate import generation_stream
+from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
+
+logger = logging.getLogger(__name__)
+
+Sampler = Callable[[mx.array], mx.array]
+Processor = Callable[[mx.array, mx.array], mx.array]
+#: ``(uid, caches, num_tokens)``: a prefill chunk of sequence ``uid`` finished; its batch-1
+#: caches now hold KV for its first ``num_tokens`` tokens (cached prefix included).
+ChunkHook = Callable[[int, list[Any], int], None]
+
+#: Release MLX's buffer cache every this many decode steps (as ``generate_step`` does).
+_CLEAR_CACHE_EVERY = 256
+
+
+@dataclass(slots=True)
+class PromptResponse:
+    """Progress of one sequence's prefill (one per chunk).
+
+    Attributes:
+        progress: (tokens prefilled, tokens to prefill) of what was inserted, cached prefix
+            excluded.
+        end_of_prompt: the last chunk ran; the first output token follows.
+    """
+
+    uid: int
+    progress: tuple[int, int]
+    end_of_segment: bool
+    end_of_prompt: bool
+
+
+class TokenResponse:
+    """One generated token of one sequence.
+
+    Attributes:
+        token: the token id.
+        logprobs: ``(vocab,)`` log-probabilities it was sampled from (after the sequence's
+            logits processors), a lazy view of the step's batch array.
+        finish_reason: "stop" (a stop token), "length" (``max_tokens``), or None.
+        prompt_cache: on finish, the sequence's caches (one batch-1 ``KVCache`` per layer)
+            holding KV for ``all_tokens``; else None.
+        all_tokens: on finish, every token whose KV is in ``prompt_cache``.
+    """
+
+    __slots__ = ("uid", "token", "finish_reason", "prompt_cache", "all_tokens", "_lp", "_row")
+
+    def __init__(self, uid: int, token: int, lp: mx.array, row: int, finish_reason: str | None = None,
+                 prompt_cache: list[Any] | None = None, all_tokens: list[int] | None = None):
+        self.uid, self.token, self._lp, self._row = uid, token, lp, row
+        self.finish_reason, self.prompt_cache, self.all_tokens = finish_reason, prompt_cache, all_tokens
+
+    @property
+    def logprobs(self) -> mx.array:
+        return self._lp[self._row]
+
+
+@dataclass(slots=True, eq=False)
+class _Seq:
+    uid: int
+    cache: list[Any]  # batch-1 caches while prefilling or alone; [] while in a merged batch
+    tokens: list[int]  # tokens whose KV is (or is being) written, cached prefix included
+    pending: list[int]  # prompt tokens still to prefill
+    num_prompt: int  # tokens inserted (progress denominator)
+    max_tokens: int
+    sampler: Sampler
+    processors: tuple[Processor, ...]
+    matcher: Any  # mlx-lm StopSequences.Matcher
+    context: TokenBuffer | None = None  # tokens seen by the processors
+    num_generated: int = 0
+    first: tuple[mx.array, mx.array] | None = None  # (token (1,), logprobs (1, V))
+
+
+def _sample(seqs: Sequence[_Seq], logits: mx.array, inputs: mx.array | None) -> tuple[mx.array, mx.array]:
+    """Processors, log-softmax and sampling for rows ``seqs`` of ``logits`` (B, V).
+
+    ``inputs`` (B,) are the tokens just fed (added to each processor context); None for a
+    prompt's last chunk, whose context already holds the prompt. Returns (tokens (B,),
+    logprobs (B, V)).
+    """
+    if any(s.processors for s in seqs):
+        rows = []
+        for i, s in enumerate(seqs):
+            row = logits[i : i + 1]
+            if s.processors:
+                assert s.context is not None
+                ctx = s.context.update_and_fetch(inputs[i : i + 1]) if inputs is not None else s.context.tokens
+                for proc in s.processors:
+                    row = proc(ctx, row)
+            rows.append(row)
+        logits = mx.concatenate(rows, axis=0)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    first = seqs[0].sampler
+    if all(s.sampler is first for s in seqs):
+        return first(logprobs), logprobs
+    return mx.concatenate([s.sampler(logprobs[i : i + 1]) for i, s in enumerate(seqs)], axis=0), logprobs
+
+
+class BatchRunner:
+    """Continuous batching over one mlx-lm model (engine thread only).
+
+    Args:
+        model: an mlx-lm model (``nn.Module``), or a stage of one (cluster mode).
+        stop_tokens: token sequences that end a sequence (the tokenizer's EOS ids).
+        prefill_step_size: most tokens of one prefill chunk while nothing decodes; a multiple
+            of ``block_size``.
+        mixed_step_size: most tokens of one prefill chunk while sequences decode.
+        block_size: the KV block size chunks align to.
+        on_prefill_chunk: called after each prefill chunk (see `ChunkHook`).
+        stream: the MLX stream the forward passes run on (default: mlx-lm's generation stream).
+    """
+
+    def __init__(self, model: Any, *, stop_tokens: Sequence[Sequence[int]], prefill_step_size: int = 2048,
+                 mixed_step_size: int | None = None, block_size: int = 256,
+                 on_prefill_chunk: ChunkHook | None = None, stream: Any = None):
+        from mlx_lm.generate import StopSequences
+
+        self.model = model
+        self.block_size = block_size
+        self.prefill_step_size = max(block_size, prefill_step_size // block_size * block_size)
+        self.mixed_step_size = max(1, min(mixed_step_size or self.prefill_step_size, self.prefill_step_size))
+        self.on_prefill_chunk = on_prefill_chunk
+        self._stream = stream or generation_stream
+        self._default_stops = StopSequences(list(stop_tokens) or None)
+        self._next_uid = 0
+        self._prefill: deque[_Seq] = deque()
+        self._joining: list[_Seq] = []
+        self._rows: list[_Seq] = []  # the decode batch, in row order
+        self._cache: list[Any] = []  # its caches: the one row's own, or merged (BatchKVCache...)
+        self._merged = False  # self._cache holds batched caches (two or more rows)
+        self._y: mx.array | None = None  # (B,) tokens to feed next, sampled, not yet read
+        self._lp: mx.array | None = None  # (B, V) their log-probabilities
+        self._num_steps = 0
+        self._reports: list[tuple[int, list[Any], int]] = []  # chunk hooks due after the next step
+        self.num_prefill_tokens = 0  # tokens prefilled (cached prefixes excluded), all time
+
+    # ---- the BatchGenerator-shaped surface ----------------------------------------------
+
+    @property
+    def num_prefilling(self) -> int:
+        """Sequences still prefilling (not yet decoding)."""
+        return len(self._prefill)
+
+    def __len__(self) -> int:
+        return len(self._prefill) + len(self._joining) + len(self._rows)
+
+    def insert_segments(
+        self,
+        segments: list[list[list[int]]],
+        max_tokens: list[int] | None = None,
+        caches: list[list[Any]] | None = None,
+        all_tokens: list[list[int]] | None = None,
+        samplers: list[Sampler | None] | None = None,
+        logits_processors: list[list[Processor]] | None = None,
+        stop_sequences: list[Any] | None = None,
+    ) -> list[int]:
+        """Queue sequences for prefill.
+
+        Args:
+            segments: per sequence, its prompt tokens (the concatenation of its segments; how
+                they are cut does not matter: the runner chunks by its own rule).
+            max_tokens: per sequence, most tokens to generate (> 0).
+            caches: per sequence, batch-1 caches already holding ``all_tokens`` (a prefix hit),
+                or None for fresh ones.
+            all_tokens: per sequence, the tokens those caches hold.
+            samplers, logits_processors, stop_sequences: per sequence (mlx-lm's kinds).
+
+        Returns:
+            The new sequences' uids.
+
+        Raises:
+            ValueError: an empty prompt, ``max_tokens <= 0`` or option lists of the wrong length.
+        """
+        n = len(segments)
+        opts = {"max_tokens": max_tokens, "caches": caches, "all_tokens": all_tokens, "samplers": samplers,
+                "logits_processors": logits_processors, "stop_sequences": stop_sequences}
+        for k, v in opts.items():
+            if v is not None and len(v) != n:
+                raise ValueError(f"option {k} must have one entry per sequence: expected {n}, got {len(v)}")
+        new: list[_Seq] = []
+        for i, segs in enumerate(segments):
+            prompt = [t for seg in segs for t in seg]
+            m = max_tokens[i] if max_tokens else 256
+            if not prompt:
+                raise ValueError("a sequence has an empty prompt")
+            if m <= 0:
+                raise ValueError("max_tokens must be > 0")
+            cache = caches[i] if caches and caches[i] is not None else make_prompt_cache(self.model)
+            prefix = list(all_tokens[i]) if all_tokens and caches and caches[i] is not None else []
+            procs = tuple(logits_processors[i] or ()) if logits_processors else ()
+            sampler = (samplers[i] if samplers else None) or greedy_sampler
+            stops = (stop_sequences[i] if stop_sequences else None) or self._default_stops
+            new.append(_Seq(uid=self._next_uid + i, cache=cache, tokens=prefix, pending=prompt,
+                            num_prompt=len(prompt), max_tokens=m, sampler=sampler, processors=procs,
+                            matcher=stops.matcher()))
+        self._next_uid += n
+        self._prefill.extend(new)
+        return [s.uid for s in new]
+
+    def remove(self, uids: list[int], return_prompt_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
+        """Drop sequences wherever they are.
+
+        Returns:
+            With ``return_prompt_caches``, uid -> (batch-1 caches, the tokens they hold) for
+            each removed sequence that had any KV; else an empty dict.
+        """
+        want = set(uids)
+        out: dict[int, tuple[list[Any], list[int]]] = {}
+        for s in [s for s in self._prefill if s.uid in want]:
+            self._prefill.remove(s)
+            if return_prompt_caches and s.tokens:
+                out[s.uid] = (s.cache, list(s.tokens))
+        for s in [s for s in self._joining if s.uid in want]:
+            self._joining.remove(s)
+            if return_prompt_caches:
+                out[s.uid] = (s.cache, list(s.tokens))
+        rows = [i for i, s in enumerate(self._rows) if s.uid in want]
+        if rows:
+            if return_prompt_caches:
+                for i in rows:
+                    out[self._rows[i].uid] = (self._extract(i), list(self._rows[i].tokens))
+            self._drop_rows(rows)
+        return out
+
+    def next(self) -> tuple[list[PromptResponse], list[TokenResponse]]:
+        """One step: a decode step of every decoding sequence and at most one prefill chunk.
+
+        Returns:
+            (prefill progress, generated tokens), like ``BatchGenerator.next``. Sequences that
+            finished are removed (their response carries their caches).
+        """
+        reports, self._reports = self._reports, []
+        with mx.stream(self._stream):
+            self._join()
+            y_in, lp_in, rows = self._y, self._lp, list(self._rows)
+            if y_in is not None:
+                # Queue the step that feeds y_in before the host reads it (pipelining).
+                logits = self.model(y_in[:, None], cache=self._cache)[:, -1, :]
+                self._y, self._lp = _sample(self._rows, logits, y_in)
+                mx.async_eval(self._y, self._lp)
+            prompt_resps = self._prefill_chunk() if self._prefill else []
+            gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
+            self._run_reports(reports)
+        self._num_steps += 1
+        if self._num_steps % _CLEAR_CACHE_EVERY == 0:
+            mx.clear_cache()
+        return prompt_resps, gen_resps
+
+    # ---- prefill -------------------------------------------------------------------------
+
+    def _prefill_chunk(self) -> list[PromptResponse]:
+        s = self._prefill[0]
+        pos = len(s.tokens)
+        step = self.mixed_step_size if (self._rows or self._joining) else self.prefill_step_size
+        # End at the next absolute multiple of the chunk size, so cuts do not depend on a hit.
+        end = min(pos + len(s.pending), (pos // step + 1) * step)
+        n = end - pos
+        chunk, s.pending = s.pending[:n], s.pending[n:]
+        s.tokens.extend(chunk)
+        x = mx.array(chunk, dtype=mx.uint32)[None]
+        self.num_prefill_tokens += n
+        done = s.num_prompt - len(s.pending)
+        if s.pending:
+            self.model(x, cache=s.cache)
+            # No sync: the chunk runs while the host builds the next step's graph.
+            mx.async_eval([c.state for c in s.cache])
+            self._report(s, len(s.tokens))
+            return [PromptResponse(s.uid, (done, s.num_prompt), True, False)]
+        logits = self.model(x, cache=s.cache)[:, -1, :]
+        if s.processors:
+            s.context = TokenBuffer(s.tokens)
+        y, lp = _sample([s], logits, None)
+        mx.async_eval(y, lp)
+        self._report(s, len(s.tokens))
+        self._prefill.popleft()
+        s.first = (y, lp)
+        self._joining.append(s)
+        return [PromptResponse(s.uid, (done, s.num_prompt), True, True)]
+
+    def _report(self, s: _Seq, num_tokens: int) -> None:
+        """Queue the chunk hook; it runs at the end of the next step, when the chunk's KV has
+        (most likely) been computed, so reading it does not stall the pipeline."""
+        if self.on_prefill_chunk is not None:
+            self._reports.append((s.uid, s.cache, num_tokens))
+
+    def _run_reports(self, reports: list[tuple[int, list[Any], int]]) -> None:
+        for uid, caches, n in reports:
+            self.on_prefill_chunk(uid, caches, n)  # type: ignore[misc]
+
+    # ---- decode batch ---------------------------------------------------------------------
+
+    def _join(self) -> None:
+        """Move sequences whose prefill finished into the decode batch (their first token is
+        fed in this step)."""
+        if not self._joining:
+            return
+        joining, self._joining = self._joining, []
+        ys = [s.first[0] for s in joining]  # type: ignore[index]
+        lps = [s.first[1] for s in joining]  # type: ignore[index]
+        if not self._rows and len(joining) == 1:
+            self._cache, self._merged = joining[0].cache, False
+        elif not self._merged:
+            # One or no sequence decoding, with its own caches: merge everything once.
+            own = ([self._cache] if self._rows else []) + [s.cache for s in joining]
+            self._cache = [own[0][layer].merge([c[layer] for c in own]) for layer in range(len(own[0]))]
+            self._merged = True
+        else:
+            first = joining[0].cache
+            for layer, c in enumerate(self._cache):
+                c.extend(first[layer].merge([s.cache[layer] for s in joining]))
+        for s in joining:
+            s.first = None
+            s.cache = []
+        if self._y is not None:
+            ys.insert(0, self._y)
+            lps.insert(0, self._lp)
+        self._y = mx.concatenate(ys) if len(ys) > 1 else ys[0]
+        self._lp = mx.concatenate(lps, axis=0) if len(lps) > 1 else lps[0]
+        self._rows.extend(joining)
+
+    def _emit(self, rows: list[_Seq], y_in: mx.array, lp_in: mx.array) -> list[TokenResponse]:
+        """Read the tokens just fed to ``rows`` (the one host sync of the step) and emit them."""
+        tokens = y_in.tolist()
+        out: list[TokenResponse] = []
+        done: list[int] = []
+        for i, (s, t) in enumerate(zip(rows, tokens)):
+            s.tokens.append(t)
+            s.num_generated += 1
+            reason = None
+            if s.matcher.advance(t):
+                reason = "stop"
+            elif s.num_generated >= s.max_tokens:
+                reason = "length"
+            r = TokenResponse(s.uid, t, lp_in, i, reason)
+            if reason is not None:
+                j = self._rows.index(s)
+                r.prompt_cache, r.all_tokens = self._extract(j), list(s.tokens)
+                done.append(j)
+            out.append(r)
+        if done:
+            self._drop_rows(done)
+        return out
+
+    def _extract(self, row: int) -> list[Any]:
+        """Batch-1 caches of decode row ``row`` (a copy when the batch is merged)."""
+        if not self._merged:
+            return self._cache
+        return [c.extract(row) for c in self._cache]
+
+    def _drop_rows(self, rows: list[int]) -> None:
+        keep = [i for i in range(len(self._rows)) if i not in set(rows)]
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._rows, self._cache, self._y, self._lp, self._merged = [], [], None, None, False
+            return
+        idx = mx.array(keep)
+        self._y, self._lp = self._y[idx], self._lp[idx]  # type: ignore[index]
+        if len(keep) == 1:
+            # Back to one sequence: its own plain caches regain mlx-lm's fast causal path.
+            self._cache = [c.extract(keep[0]) for c in self._cache]
+            self._merged = False
+        else:
+            for c in self._cache:
+                c.filter(keep)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSizes:
+    """Prefill chunk sizes chosen for this model on this device (`measure_step_sizes`).
+
+    Attributes:
+        prefill_step_size: tokens per chunk while nothing decodes (multiple of the block size).
+        mixed_step_size: tokens per chunk while other sequences decode (about one decode step).
+        decode_step_ms: one batch-1 decode step, measured.
+        chunk_ms: measured time of one chunk, by chunk size in tokens.
+    """
+
+    prefill_step_size: int
+    mixed_step_size: int
+    decode_step_ms: float
+    chunk_ms: dict[int, float]
+
+
+def measure_step_sizes(model: Any, block_size: int, *, max_step: int = 4096, min_gain: float = 1.1,
+                       max_probe_s: float = 0.25) -> StepSizes:
+    """Choose the prefill chunk sizes by timing forward passes of this model on this device.
+
+    Chunks of 32, 64, 128, ... tokens are timed (best of two: the first run of a shape may
+    include compiling its kernels) until one takes over
+    ``max_probe_s`` or ``max_step`` is reached. The alone size is the longest chunk, at least
+    ``block_size``, up to which each doubling still gave ``min_gain`` times the tokens/s: an
+    accelerator needs long chunks to be efficient, a CPU is compute-bound long before a block
+    and keeps ``block_size``. The mixed size is the longest chunk (at least 32 tokens) that costs no
+    more than one batch-1 decode step, or than 1.25 times the cheapest chunk (on an
+    accelerator a short chunk is all fixed cost: 32 and 512 tokens took the same ~11 ms for a
+    3B model on an H200), so a stream decoding beside a prefill is slowed as little as the
+    device allows. Costs a few forward passes (a fraction of a second on an
+    accelerator; ~1.5 s on 2 CPU cores with a 135M model).
+    """
+    def timed(n: int, cache_tokens: int = 0) -> float:
+        best = float("inf")
+        for _ in range(2):  # the first run of a shape may include compiling its kernels (CUDA JIT)
+            cache = make_prompt_cache(model)
+            if cache_tokens:
+                model(mx.array([[11 + i for i in range(cache_tokens)]]), cache=cache)
+                mx.eval([c.state for c in cache])
+            x = mx.array([[11 + (i * 7919) % 997 for i in range(n)]])
+            t0 = time.perf_counter()
+            mx.eval(model(x, cache=cache)[:, -1, :])
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    with mx.stream(generation_stream):
+        timed(8)  # compile / warm up kernels
+        decode_s = timed(1, cache_tokens=16)
+        chunk: dict[int, float] = {}
+        alone, mixed, n = block_size, 32, 32
+        while n <= max_step:
+            chunk[n] = t = timed(n)
+            if t <= max(decode_s, 1.25 * min(chunk.values())):
+                mixed = n
+            half = chunk.get(n // 2)
+            if n > block_size and half is not None:
+                if n / t < min_gain * (n // 2) / half:
+                    break
+                alone = n
+            if t > max_probe_s:
+                break
+            n *= 2
+    mx.clear_cache()
+    return StepSizes(alone, min(mixed, alone), decode_s * 1e3, {k: v * 1e3 for k, v in sorted(chunk.items())})

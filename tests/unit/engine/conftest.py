@@ -1,0 +1,42 @@
+"""Tiny random models of real architectures for in-process engine tests (no server, no weights).
+
+Weights are drawn with a larger spread than an initializer's (std 3/sqrt(fan_in)) so greedy
+decoding wanders over the vocabulary instead of repeating one token: a differential test
+against mlx-lm then compares many different tokens, not one.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+
+
+def tiny_llama(vocab_size: int = 49152, seed: int = 3):
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                           vocab_size=vocab_size, rope_theta=10000.0, tie_word_embeddings=True)
+    model = llama.Model(args)
+    mx.random.seed(seed)
+    weights = [(k, mx.random.normal(v.shape) * 3.0 / v.shape[-1] ** 0.5 if v.ndim > 1 else v)
+               for k, v in tree_flatten(model.parameters())]
+    model.update(tree_unflatten(weights))
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(scope="session")
+def model():
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The default model's real tokenizer (vocab 49152, ChatML EOS ids), imported once."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from tests.helpers import default_model_dir
+
+    return load_tokenizer(default_model_dir())

@@ -1,0 +1,248 @@
+"""omlx's step loop (`BatchRunner`) and the engine over it, in-process on a tiny random llama.
+
+Differential: every sequence's greedy tokens equal mlx-lm's own ``generate_step`` for the same
+prompt, whatever else is in the batch (mixed prompt lengths, arrivals mid-decode, a sequence
+removed mid-decode, prefix-cache hits).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from omlx.engine.runner import BatchRunner, measure_step_sizes
+
+VOCAB = 49152
+
+
+def reference(model, prompt: list[int], n: int, eos: frozenset[int] = frozenset()) -> list[int]:
+    """mlx-lm's greedy tokens for ``prompt`` (at most ``n``, ending at an EOS id, excluded)."""
+    out: list[int] = []
+    for (tok, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n), range(n)):
+        if tok in eos:
+            break
+        out.append(tok)
+    return out
+
+
+def prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, VOCAB) for _ in range(n)] for n in lengths]
+
+
+def drive(runner: BatchRunner, schedule: dict[int, list[tuple[str, list[int]]]], max_tokens: int,
+          remove_at: dict[int, str] | None = None) -> dict[str, list[int]]:
+    """Run ``runner`` step by step; at step k insert ``schedule[k]`` (name, prompt) and remove
+    ``remove_at[k]``. Returns each name's tokens."""
+    uid_of: dict[str, int] = {}
+    name_of: dict[int, str] = {}
+    got: dict[str, list[int]] = {}
+    step = 0
+    last = max(schedule)
+    while step <= last or len(runner):
+        for name, prompt in schedule.get(step, []):
+            (uid,) = runner.insert_segments([[prompt]], max_tokens=[max_tokens])
+            uid_of[name], name_of[uid] = uid, name
+            got[name] = []
+        if remove_at and step in remove_at:
+            runner.remove([uid_of[remove_at[step]]])
+        _, gen = runner.next()
+        for r in gen:
+            got[name_of[r.uid]].append(r.token)
+            if r.finish_reason is not None:
+                assert r.all_tokens[-len(got[name_of[r.uid]]):] == got[name_of[r.uid]]
+                assert r.prompt_cache[0].offset == len(r.all_tokens)
+        step += 1
+        assert step < 2000
+    return got
+
+
+def test_a_batch_of_mixed_lengths_and_late_arrivals_matches_generate_step(model):
+    p = prompts([1, 7, 64, 300, 700, 129])
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, mixed_step_size=32, block_size=64)
+    schedule = {0: [("a", p[0]), ("b", p[1])], 3: [("c", p[2]), ("d", p[3])], 9: [("e", p[4])], 30: [("f", p[5])]}
+    got = drive(runner, schedule, max_tokens=24, remove_at={12: "b"})
+    for name, prompt in zip("acdef", [p[0], p[2], p[3], p[4], p[5]]):
+        assert got[name] == reference(model, prompt, 24), name
+    # The removed sequence produced a prefix of its own reference, then nothing more.
+    ref_b = reference(model, p[1], 24)
+    assert 0 < len(got["b"]) < 24 and got["b"] == ref_b[: len(got["b"])]
+    assert len(runner) == 0
+
+
+def test_a_lone_sequence_decodes_on_its_own_plain_cache(model):
+    from mlx_lm.models.cache import KVCache
+
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=256, block_size=64)
+    (uid,) = runner.insert_segments([[prompts([50])[0]]], max_tokens=[5])
+    seen = []
+    while len(runner):
+        runner.next()
+        seen.append(type(runner._cache[0]) if runner._cache else None)
+    assert KVCache in seen  # batch of one: mlx-lm's fast causal path, no padding mask
+    assert all(t in (KVCache, None) for t in seen)
+
+
+def test_prefill_chunks_end_at_absolute_multiples_of_the_chunk_size_and_report_each(model):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    calls: list[tuple[int, int]] = []
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, block_size=64,
+                         on_prefill_chunk=lambda uid, caches, n: calls.append((uid, n)))
+    prefix, rest = prompts([64, 250])
+    cache = make_prompt_cache(model)
+    model(mx.array([prefix]), cache=cache)  # a block-aligned "hit" of 64 tokens
+    (uid,) = runner.insert_segments([[rest]], max_tokens=[2], caches=[cache], all_tokens=[prefix])
+    while len(runner):
+        runner.next()
+    assert calls == [(uid, 128), (uid, 256), (uid, 314)]
+    assert runner.num_prefill_tokens == 250
+
+
+def test_stop_tokens_end_a_sequence_with_its_caches(model):
+    p = prompts([20])[0]
+    ref = reference(model, p, 10)
+    stop = ref[3]
+    runner = BatchRunner(model, stop_tokens=[(stop,)], block_size=64)
+    got = drive(runner, {0: [("a", p)]}, max_tokens=10)
+    assert got["a"] == ref[: ref.index(stop) + 1]
+
+
+def test_step_sizes_are_measured_within_their_bounds(model):
+    sizes = measure_step_sizes(model, 64, max_step=512)
+    assert sizes.prefill_step_size % 64 == 0 and 64 <= sizes.prefill_step_size <= 512
+    assert 1 <= sizes.mixed_step_size <= sizes.prefill_step_size
+    assert sizes.decode_step_ms > 0 and all(v > 0 for v in sizes.chunk_ms.values())
+
+
+# ---- the engine over the runner -------------------------------------------------------------
+
+
+def _engine(model, tokenizer, *, cache: bool, block_size: int = 64):
+    from omlx.cache.hashing import Namespace, make_kv_format
+    from omlx.cache.paged import BlockPool
+    from omlx.cache.tiered import TieredCache
+    from omlx.engine.engine import Engine
+    from omlx.engine.kv_cache import MlxPayloadCodec, PrefixCacheTiers
+    from omlx.scheduler import Scheduler
+
+    pc = None
+    if cache:
+        ns = Namespace("tiny", "tok", make_kv_format("float32", None, None, "KVCache"), 0, 2)
+        pc = PrefixCacheTiers(TieredCache(BlockPool(max_bytes=10**9, block_size=block_size), ns,
+                                          MlxPayloadCodec("float32")), 2)
+    eng = Engine("tiny", model, tokenizer, scheduler=Scheduler(8, 64), prefix_cache=pc,
+                 block_size=block_size, prefill_step_size=128, mixed_step_size=32)
+    eng.start()
+    return eng
+
+
+def _run_all(eng, reqs) -> list[list]:
+    """Submit every request at once; return each one's events when all finished."""
+    from omlx.request import Failed, Finished
+
+    events: list[list] = [[] for _ in reqs]
+    done = [threading.Event() for _ in reqs]
+
+    def sink_for(i):
+        def sink(ev):
+            events[i].append(ev)
+            if isinstance(ev, (Finished, Failed)):
+                done[i].set()
+        return sink
+
+    for i, r in enumerate(reqs):
+        eng.submit(r, sink_for(i))
+    for d in done:
+        assert d.wait(120)
+    return events
+
+
+def _tokens(events) -> list[int]:
+    from omlx.request import TextDelta
+
+    return [t for e in events if isinstance(e, TextDelta) for t in e.token_ids]
+
+
+def _usage(events):
+    return events[-1].usage
+
+
+def test_engine_output_with_every_kind_of_cache_hit_equals_generate_step(model, tokenizer):
+    from omlx.request import Request, SamplingParams
+
+    eos = frozenset(tokenizer.eos_token_ids)
+    sp = SamplingParams(max_tokens=16, temperature=0.0)
+    base, tail1, tail2 = prompts([300, 30, 45], seed=7)
+    eng = _engine(model, tokenizer, cache=True)
+    try:
+        first = _run_all(eng, [Request("tiny", base, sp)])[0]
+        assert _tokens(first) == reference(model, base, 16, eos)
+        # A longer prompt over the cached blocks, and the same prompt again (a whole hit),
+        # beside a new prompt, all at once.
+        evs = _run_all(eng, [Request("tiny", base + tail1, sp), Request("tiny", base, sp),
+                             Request("tiny", tail2, sp)])
+        assert _tokens(evs[0]) == reference(model, base + tail1, 16, eos)
+        assert _usage(evs[0]).num_cached_tokens == 300  # the blocks of ``base``, its tail too
+        assert _tokens(evs[1]) == reference(model, base, 16, eos)
+        assert _usage(evs[1]).num_cached_tokens >= 256
+        assert _tokens(evs[2]) == reference(model, tail2, 16, eos)
+    finally:
+        eng.stop()
+
+
+def test_an_aborted_request_leaves_the_others_exact(model, tokenizer):
+    from omlx.request import Finished, Request, SamplingParams
+
+    eos = frozenset(tokenizer.eos_token_ids)
+    a, b, c = prompts([40, 200, 90], seed=11)
+    eng = _engine(model, tokenizer, cache=False)
+    try:
+        long_req = Request("tiny", b, SamplingParams(max_tokens=400, temperature=0.0))
+        seen = threading.Event()
+        events: list = []
+
+        def sink(ev):
+            events.append(ev)
+            if len(events) > 5:
+                seen.set()
+
+        eng.submit(long_req, sink)
+        assert seen.wait(60)
+        others = [Request("tiny", a, SamplingParams(max_tokens=12, temperature=0.0)),
+                  Request("tiny", c, SamplingParams(max_tokens=12, temperature=0.0))]
+        result: list = []
+        t = threading.Thread(target=lambda: result.append(_run_all(eng, others)))
+        t.start()
+        eng.abort(long_req.request_id)
+        t.join(120)
+        assert isinstance(events[-1], Finished) and events[-1].finish_reason == "abort"
+        assert _tokens(result[0][0]) == reference(model, a, 12, eos)
+        assert _tokens(result[0][1]) == reference(model, c, 12, eos)
+        assert eng.num_active() == 0
+    finally:
+        eng.stop()
+
+
+def test_two_requests_sharing_a_long_prefix_prefill_it_once(model, tokenizer):
+    from omlx.request import Request, SamplingParams
+
+    if not hasattr(__import__("omlx.engine.kv_cache", fromlist=["PrefixCacheTiers"]).PrefixCacheTiers,
+                   "cache_blocks"):
+        pytest.fail("PrefixCacheTiers has no cache_blocks: blocks are cached only when a request finishes")
+    eos = frozenset(tokenizer.eos_token_ids)
+    shared, s1, s2 = prompts([512, 20, 33], seed=5)
+    eng = _engine(model, tokenizer, cache=True)
+    try:
+        sp = SamplingParams(max_tokens=8, temperature=0.0)
+        evs = _run_all(eng, [Request("tiny", shared + s1, sp), Request("tiny", shared + s2, sp)])
+        assert _tokens(evs[0]) == reference(model, shared + s1, 8, eos)
+        assert _tokens(evs[1]) == reference(model, shared + s2, 8, eos)
+        assert _usage(evs[1]).num_cached_tokens == 512
+        assert eng._gen.num_prefill_tokens == 512 + 20 + 33
+    finally:
+        eng.stop()
