@@ -7,8 +7,9 @@ batched decode step plus at most one prefill chunk:
 - **Prefill** runs one sequence at a time (FIFO) in chunks into that sequence's own batch-1
   caches (``make_prompt_cache``). The last chunk includes the prompt's last token, so its
   logits give the first output token directly, as ``mlx_lm.generate_step`` does. Chunks end at
-  absolute multiples of the chunk size (itself a multiple of the KV block size), so a prompt
-  prefilled after a block-aligned prefix hit is cut at the same positions as without it, and
+  absolute multiples of the chunk size (itself a multiple of the KV block size; a first piece
+  under half a chunk, after a prefix hit, joins the next chunk), so a prompt prefilled after a
+  prefix hit is cut at the same later positions as without it, and
   ``on_prefill_chunk`` can hand full blocks to the prefix cache as soon as they are computed.
   While other sequences decode, chunks are ``mixed_step_size`` tokens (about one decode step
   of work, measured), so running streams keep flowing; alone, ``prefill_step_size``.
@@ -288,8 +289,13 @@ class BatchRunner:
         s = self._prefill[0]
         pos = len(s.tokens)
         step = self.mixed_step_size if (self._rows or self._joining) else self.prefill_step_size
-        # End at the next absolute multiple of the chunk size, so cuts do not depend on a hit.
-        end = min(pos + len(s.pending), (pos // step + 1) * step)
+        # End at an absolute multiple of the chunk size, so cuts do not depend on a hit; a first
+        # piece shorter than half a chunk (after a hit) joins the next chunk instead of paying
+        # a forward pass's fixed cost of its own.
+        end = (pos // step + 1) * step
+        if end - pos < step // 2:
+            end += step
+        end = min(pos + len(s.pending), end)
         n = end - pos
         chunk, s.pending = s.pending[:n], s.pending[n:]
         s.tokens.extend(chunk)
