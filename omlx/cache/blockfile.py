@@ -128,6 +128,8 @@ def encode_block(
     parent_hash: bytes,
     token_ids: Sequence[int],
     host: HostBlock,
+    *,
+    block_hash: bytes | None = None,
 ) -> tuple[bytes, bytes]:
     """Serialize one block to safetensors bytes.
 
@@ -136,6 +138,8 @@ def encode_block(
         parent_hash: key of the previous block, or ``namespace.key()`` for block 0.
         token_ids: the block's token ids.
         host: its KV, one ``(keys, values)`` pair per layer of the namespace.
+        block_hash: its key when the caller already computed it (``hash_block(parent_hash,
+            token_ids)``, e.g. the request's ``BlockHashes``); not re-checked.
 
     Returns:
         ``(block_hash, file bytes)``.
@@ -144,7 +148,8 @@ def encode_block(
         ValueError: a layer count, dtype or token count that does not match.
     """
     tokens = [int(t) for t in token_ids]
-    block_hash = hash_block(parent_hash, tokens)
+    if block_hash is None:
+        block_hash = hash_block(parent_hash, tokens)
     names = tensor_names(namespace)
     if host.dtype not in DTYPES:
         raise ValueError(f"unsupported KV dtype {host.dtype!r}; expected one of {sorted(DTYPES)}")
@@ -264,11 +269,14 @@ def check_metadata(
         raise BadBlockError("token ids do not match num_tokens")
     if token_ids is not None and tokens != list(token_ids):
         raise BadBlockError("token ids differ from the request's")
-    try:
-        if hash_block(parent, tokens) != block_hash:
-            raise BadBlockError("block hash does not match sha256(parent, token ids)")
-    except ValueError as exc:
-        raise BadBlockError(f"token ids invalid: {exc}") from exc
+    # With the expected parent and tokens given, the caller's key is sha256(parent, tokens) by
+    # construction (a request's BlockHashes) and both were compared above: no second hash.
+    if parent_hash is None or token_ids is None:
+        try:
+            if hash_block(parent, tokens) != block_hash:
+                raise BadBlockError("block hash does not match sha256(parent, token ids)")
+        except ValueError as exc:
+            raise BadBlockError(f"token ids invalid: {exc}") from exc
     if layers != (namespace.layer_start, namespace.layer_end):
         raise BadBlockError(f"layer range {layers} differs from the namespace's")
     if meta.get("dtype") not in DTYPES or (dtype is not None and meta.get("dtype") != dtype):

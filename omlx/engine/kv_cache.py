@@ -31,7 +31,7 @@ import psutil
 from mlx_lm.models.cache import KVCache
 
 from omlx.cache.blockfile import DTYPES, HostBlock
-from omlx.cache.hashing import Namespace, make_kv_format, model_fingerprint, tokenizer_hash
+from omlx.cache.hashing import BlockHashes, Namespace, make_kv_format, model_fingerprint, tokenizer_hash
 from omlx.cache.paged import BlockPool
 from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
 from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPolicy
@@ -59,6 +59,14 @@ class Lease:
         caches: one mlx-lm KVCache per layer holding that prefix, or None on a miss.
         lease_id: cluster mode: the id every rank knows this lookup by (None on one node).
         whole: the hit covers every prompt token (counted in ``num_whole_prompt_hits``).
+        block_hashes: the request's chained block keys, computed once: the prompt's at
+            `PrefixCacheTiers.acquire`, extended by `cache_blocks` and `store` as tokens get KV
+            (None for a lease made without a lookup; `store` then hashes).
+        num_registered_blocks: leading full blocks of the request that are in the hot tier and
+            held by this lease (hits, then blocks `cache_blocks` registered); `store` and
+            `cache_blocks` start after them.
+        hot_full: a registration found the hot budget full; the lease registers no more blocks
+            (a chain is useful only from its start).
     """
 
     hit: TieredHit
@@ -68,6 +76,9 @@ class Lease:
     released: bool = False
     lease_id: int | None = None
     whole: bool = False  # counted as a whole-prompt hit
+    block_hashes: BlockHashes | None = None
+    num_registered_blocks: int = 0
+    hot_full: bool = False
 
 
 def weight_shas(path: Path) -> list[str]:
@@ -222,8 +233,10 @@ class PrefixCacheTiers:
             materialize: build ``lease.caches`` now; with False, call `materialize` later (a
                 whole hit emits its first token before paying for the copy).
         """
+        hashes = BlockHashes(self.namespace.key(), self.block_size)
+        hashes.extend(token_ids)
         with self._lock:
-            hit = self.tiers.acquire(token_ids, whole=whole)
+            hit = self.tiers.acquire(token_ids, whole=whole, block_hashes=hashes.hashes)
             n = hit.num_cached_tokens
             is_whole = whole and n == len(token_ids)
             if is_whole:
@@ -233,7 +246,8 @@ class PrefixCacheTiers:
             except Exception:
                 self.tiers.release(hit)
                 raise
-        return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole)
+        return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole, block_hashes=hashes,
+                     num_registered_blocks=hit.num_full_blocks)
 
     def truncate(self, lease: Lease, num_tokens: int) -> None:
         """Cut an unmaterialized lease to its first ``num_tokens`` tokens (exact; see
@@ -316,25 +330,76 @@ class PrefixCacheTiers:
         mx.eval([c.keys for c in caches], [c.values for c in caches])
         return caches
 
+    def cache_blocks(self, lease: Lease, caches: list[Any], token_ids: list[int], num_tokens: int) -> int:
+        """Register the request's full blocks among its first ``num_tokens`` tokens as soon as their
+        KV is computed (after each prefill chunk, or when decode fills a block).
+
+        The blocks become hits for any later lookup at once, while the request still runs; they
+        are held by the lease until `release`, and queued for the SSD tier (low priority) like
+        `store` does. Blocks the lease already registered (or hit) are skipped without hashing
+        or copying; `store` at finish does only the rest and the tail.
+
+        Args:
+            lease: the request's lease (from `acquire`; not released).
+            caches: one mlx-lm ``KVCache`` per layer, batch 1, holding KV for at least
+                ``num_tokens`` tokens from position 0.
+            token_ids: the request's tokens from position 0 (prompt, then generated).
+            num_tokens: how many leading tokens have KV in ``caches``.
+
+        Returns:
+            The number of blocks newly registered by this call (0 when none completed, all
+            were cached already, or the hot budget is full).
+        """
+        if lease.released or lease.hot_full or not caches or caches[0].keys is None:
+            return 0
+        num_tokens = min(num_tokens, len(token_ids), caches[0].offset)
+        with self._lock:
+            hashes = self._hashes_of(lease)
+            hashes.extend(token_ids, num_tokens)
+            end = num_tokens // self.block_size
+            start = lease.num_registered_blocks
+            if start >= end:
+                return 0
+            payload = self._payload_fn(caches)
+            chained, num_new = self.tiers.register_blocks(token_ids, hashes.hashes, start, end, payload,
+                                                          lease.hit.held)
+            lease.num_registered_blocks = chained
+            lease.hot_full = chained < end
+            return num_new
+
     def store(self, lease: Lease, prompt_cache: list[Any], token_ids: list[int]) -> None:
         """Register the request's new full blocks and its tail (prompt + generated tokens).
 
-        Blocks already cached are not copied again; when the budget is exhausted the rest of
-        the chain is skipped (a chain is only useful from its start). New full blocks are
-        queued for the SSD tier (low priority) off the request path.
+        Blocks already cached (by `cache_blocks`, or by anyone) are not copied again and the
+        lease's keys are extended rather than recomputed; when the budget is exhausted the rest
+        of the chain is skipped (a chain is only useful from its start). New full blocks are
+        queued for the SSD tier (low priority) off the request path. Call it after `release`
+        or before; the blocks the lease holds stay cached either way, and a chain `cache_blocks`
+        stopped for a full budget is tried again from where it stopped.
         """
         if not prompt_cache or prompt_cache[0].keys is None:
             return
-        keys = [c.keys for c in prompt_cache]
-        values = [c.values for c in prompt_cache]
+        with self._lock:
+            self.tiers.store_sequence(token_ids, prompt_cache[0].offset, self._payload_fn(prompt_cache),
+                                      block_hashes=self._hashes_of(lease),
+                                      num_registered=lease.num_registered_blocks)
+
+    def _hashes_of(self, lease: Lease) -> BlockHashes:
+        if lease.block_hashes is None:
+            lease.block_hashes = BlockHashes(self.namespace.key(), self.block_size)
+        return lease.block_hashes
+
+    def _payload_fn(self, caches: list[Any]) -> Callable[[int, int], tuple[Payload, int]]:
+        """``(a, b) -> (payload, num_bytes)``: tokens ``[a, b)`` of ``caches`` copied into one block."""
+        keys = [c.keys for c in caches]
+        values = [c.values for c in caches]
 
         def payload(a: int, b: int) -> tuple[Payload, int]:
             p = tuple((mx.contiguous(k[:, :, a:b]), mx.contiguous(v[:, :, a:b])) for k, v in zip(keys, values))
             mx.eval(p)
             return p, _payload_bytes(p)
 
-        with self._lock:
-            self.tiers.store_sequence(token_ids, prompt_cache[0].offset, payload)
+        return payload
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """Feed a measured prefill (``num_tokens`` computed in ``seconds``, the request alone in
