@@ -651,6 +651,7 @@ class TieredCache:
             "num_restore_failures": self.num_restore_failures,
             "restore_s": round(self.restore_s, 6),
             "num_bad_files": s.num_bad_files,
+            "num_old_format_files": s.num_old_format_files,
             "num_missing_files": s.num_missing,
             "num_writes": s.num_writes,
             "num_written_bytes": s.num_written_bytes,

@@ -181,3 +181,22 @@ def test_a_materialized_cache_grows_like_a_fresh_one_on_the_next_update():
         assert mx.array_equal(again.caches[layer].keys[..., : len(PROMPT), :], k).item()
     pc.release(again)
     pc.release(hit)
+
+
+def test_a_model_whose_layers_differ_in_kv_shape_runs_without_cache_said_loudly(caplog):
+    pc = tiers_for(None)
+    lease = pc.acquire(PROMPT)
+    caches = [KVCache() for _ in range(LAYERS)]
+    for i, c in enumerate(caches):  # layer 1 has twice the KV heads
+        h = 2 * HEADS if i == 1 else HEADS
+        c.update_and_fetch(mx.zeros((1, h, len(PROMPT), DIM)), mx.zeros((1, h, len(PROMPT), DIM)))
+    with caplog.at_level("ERROR", logger="omlx.engine.kv_cache"):
+        assert pc.cache_blocks(lease, caches, PROMPT, len(PROMPT)) == 0
+    assert pc.disabled_reason is not None and pc.stats()["disabled_reason"] == pc.disabled_reason
+    assert any("prefix cache OFF" in r.getMessage() for r in caplog.records)
+    pc.release(lease)
+    pc.store(lease, caches, PROMPT)
+    assert pc.pool.stats().num_blocks == 0
+    again = pc.acquire(PROMPT)
+    assert again.num_cached_tokens == 0
+    pc.release(again)
