@@ -542,7 +542,9 @@ class SSDStore:
         displaces the newest queued low-priority blocks, else it is dropped. Drops are counted.
 
         Args:
-            block_hash: the block's key; a block already on disk or queued is skipped.
+            block_hash: the block's key, ``hash_block(parent_hash, token_ids)`` as the caller
+                computed it (a request's ``BlockHashes``; trusted, not hashed again); a block
+                already on disk or queued is skipped.
             parent_hash: previous block's key (``namespace.key()`` for block 0).
             token_ids: the block's tokens.
             host: its KV; the arrays must stay unchanged until written.
