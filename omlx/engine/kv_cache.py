@@ -147,6 +147,17 @@ class NonUniformKVError(ValueError):
     """The layers' KV differ in heads or head dim: no block-major array can hold them."""
 
 
+def check_uniform(caches: list[Any]) -> None:
+    """Raise `NonUniformKVError` unless every layer's keys and values share ``(H, D)``."""
+    k0 = caches[0].keys
+    shape = (k0.shape[1], k0.shape[3])
+    for c in caches:
+        if (c.keys.shape[1], c.keys.shape[3]) != shape or (c.values.shape[1], c.values.shape[3]) != shape:
+            raise NonUniformKVError(
+                f"layer KV shapes differ (keys {tuple(c.keys.shape)}, values {tuple(c.values.shape)}, "
+                f"layer 0 keys {tuple(k0.shape)})")
+
+
 def stack_block(caches: list[Any], a: int, b: int) -> Payload:
     """Tokens ``[a, b)`` of per-layer caches as one block-major array (one copy; lazy).
 
@@ -159,13 +170,7 @@ def stack_block(caches: list[Any], a: int, b: int) -> Payload:
     Raises:
         NonUniformKVError: the layers differ in heads or head dim, or keys and values do.
     """
-    k0 = caches[0].keys
-    shape = (k0.shape[1], k0.shape[3])
-    for c in caches:
-        if (c.keys.shape[1], c.keys.shape[3]) != shape or (c.values.shape[1], c.values.shape[3]) != shape:
-            raise NonUniformKVError(
-                f"layer KV shapes differ (keys {tuple(c.keys.shape)}, values {tuple(c.values.shape)}, "
-                f"layer 0 keys {tuple(k0.shape)})")
+    check_uniform(caches)
     flat = mx.stack([x for c in caches for x in (c.keys[0, :, a:b], c.values[0, :, a:b])])
     return flat.reshape(len(caches), 2, *flat.shape[1:])
 
@@ -357,10 +362,12 @@ class PrefixCacheTiers:
         if kv.shape[0] != self.num_layers:
             raise ValueError(f"cached blocks hold {kv.shape[0]} layers, the model has {self.num_layers}")
         num_tokens = kv.shape[3]
+        # (2 * layers, H, T, D): layer l's keys are row 2l, its values row 2l + 1 (views)
+        rows = kv.reshape(2 * self.num_layers, *kv.shape[2:])
         caches = []
         for layer in range(self.num_layers):
             c = KVCache()
-            c.state = (kv[layer : layer + 1, 0], kv[layer : layer + 1, 1], num_tokens)
+            c.state = (rows[2 * layer : 2 * layer + 1], rows[2 * layer + 1 : 2 * layer + 2], num_tokens)
             caches.append(c)
         mx.eval([c.keys for c in caches], [c.values for c in caches])
         return caches
@@ -396,7 +403,7 @@ class PrefixCacheTiers:
             if start >= end:
                 return 0
             try:
-                payload = self._payload_fn(caches, self._new_spans(hashes, start, end))
+                payload = self._payload_fn(caches)
             except NonUniformKVError as exc:
                 self._disable(exc)
                 return 0
@@ -422,12 +429,8 @@ class PrefixCacheTiers:
         with self._lock:
             hashes = self._hashes_of(lease)
             hashes.extend(token_ids, num_tokens)
-            num_full = num_tokens // self.block_size
-            spans = self._new_spans(hashes, lease.num_registered_blocks, num_full)
-            if num_tokens > num_full * self.block_size:
-                spans.append((num_full * self.block_size, num_tokens))
             try:
-                payload = self._payload_fn(prompt_cache, spans)
+                payload = self._payload_fn(prompt_cache)
             except NonUniformKVError as exc:
                 self._disable(exc)
                 return
@@ -439,31 +442,23 @@ class PrefixCacheTiers:
             lease.block_hashes = BlockHashes(self.namespace.key(), self.block_size)
         return lease.block_hashes
 
-    def _payload_fn(self, caches: list[Any], spans: list[tuple[int, int]]) -> Callable[[int, int], tuple[Payload, int]]:
-        """``(a, b) -> (payload, num_bytes)``: tokens ``[a, b)`` of ``caches`` as one block array.
-
-        The blocks of ``spans`` (those about to be registered) are stacked and evaluated together
-        here, one sync for all, before the next forward pass can update the caches in place.
+    def _payload_fn(self, caches: list[Any]) -> Callable[[int, int], tuple[Payload, int]]:
+        """``(a, b) -> (payload, num_bytes)``: tokens ``[a, b)`` of ``caches`` as one block array,
+        evaluated at once (before the next forward pass can update the caches in place; per
+        block: measured 2-3x faster on CPU than one eval of a chunk's blocks together).
 
         Raises:
-            NonUniformKVError: as `stack_block`.
+            NonUniformKVError: as `stack_block` (checked here, before anything is registered).
         """
-        made = {span: stack_block(caches, *span) for span in spans}
-        if made:
-            mx.eval(list(made.values()))
+        check_uniform(caches)
 
         def payload(a: int, b: int) -> tuple[Payload, int]:
-            p = made.pop((a, b), None)
-            if p is None:
-                p = stack_block(caches, a, b)
-                mx.eval(p)
+            flat = mx.stack([x for c in caches for x in (c.keys[0, :, a:b], c.values[0, :, a:b])])
+            p = flat.reshape(len(caches), 2, *flat.shape[1:])
+            mx.eval(p)
             return p, _payload_bytes(p)
 
         return payload
-
-    def _new_spans(self, hashes: BlockHashes, start: int, end: int) -> list[tuple[int, int]]:
-        bs = self.block_size
-        return [(i * bs, (i + 1) * bs) for i in range(start, end) if self.pool.get(hashes.hashes[i]) is None]
 
     def _disable(self, exc: Exception) -> None:
         if self.disabled_reason is None:
