@@ -63,9 +63,8 @@ def main() -> None:
         for i in range(a.blocks):
             blk = tokens[i * BLOCK:(i + 1) * BLOCK]
             h = hash_block(parent, blk)
-            layers = tuple((rng.standard_normal((1, HEADS, BLOCK, HEAD_DIM), dtype=np.float32),
-                            rng.standard_normal((1, HEADS, BLOCK, HEAD_DIM), dtype=np.float32)) for _ in range(LAYERS))
-            store.put(h, parent, blk, HostBlock("float32", layers), high=True, wait=True)
+            kv = rng.standard_normal((LAYERS, 2, HEADS, BLOCK, HEAD_DIM), dtype=np.float32)
+            store.put(h, parent, blk, HostBlock("float32", kv), high=True, wait=True)
             parent = h
         store.flush()
         num_bytes = store.stats().num_bytes

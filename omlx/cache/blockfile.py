@@ -5,10 +5,14 @@ validation, the atomic write (temp file in the same folder, fsync, ``os.replace`
 the folder) and the naming of files and temp files. It uses numpy and safetensors only; it
 must not import mlx, keep an index or decide anything about budgets (``omlx.cache.ssd``).
 
-Format (safetensors, https://huggingface.co/docs/safetensors/index#format): tensors
-``layer.{i}.keys`` and ``layer.{i}.values`` for each absolute layer ``i`` of the namespace's
-layer range, each ``(1, n_kv_heads, num_tokens, head_dim)`` in the KV dtype (``BF16`` is
-stored as itself; numpy, which has no bfloat16, sees its bits as uint16). String metadata:
+Format (safetensors, https://huggingface.co/docs/safetensors/index#format): ONE tensor ``kv``
+of shape ``(num_layers, 2, n_kv_heads, num_tokens, head_dim)``, block-major: layer ``l`` of the
+namespace's layer range (``layer_start + l``) has its keys at ``kv[l, 0]`` and its values at
+``kv[l, 1]``, in the KV dtype (``BF16`` is stored as itself; numpy, which has no bfloat16, sees
+its bits as uint16). The header is written here (JSON, padded with spaces to a multiple of 8
+bytes, as the spec allows) and the tensor bytes straight from the host buffer, so a write holds
+the GIL only for the small header: CRC-32, ``write`` and ``fsync`` release it. Any safetensors
+reader (``safetensors.safe_open``) reads the file. String metadata:
 
     format          "omlx.kv_block"
     format_version  SSD_FORMAT_VERSION
@@ -18,9 +22,12 @@ stored as itself; numpy, which has no bfloat16, sees its bits as uint16). String
     token_ids       JSON list of the block's token ids
     num_tokens      len(token_ids)
     layer_start, layer_end, dtype
-    checksum        "crc32:" + 8 hex digits: CRC-32 (zlib, ISO-HDLC) over the tensor bytes in
-                    the order layer.{start}.keys, layer.{start}.values, layer.{start + 1}.keys,
-                    ... (format version 1 used sha256, 3x slower to check on restore)
+    layout          "layer,kv,head,token,dim" (the axes of ``kv``)
+    checksum        "crc32:" + 8 hex digits: CRC-32 (zlib, ISO-HDLC) over the tensor bytes
+
+Versions: 1 had per-layer tensors ``layer.{i}.keys|values`` and a sha256 checksum; 2 the same
+tensors with CRC-32; 3 the single block-major tensor. Files of any other version are deleted
+when met (counted, and summed up in one warning at start), never read.
 
 A block stores only its own tokens, never its prefix: bytes on disk grow linearly with unique
 tokens. A *tail* (``1 .. block_size - 1`` tokens after the last full block of a sequence) is a
@@ -42,7 +49,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors import TensorSpec, serialize
 
 from omlx.cache.hashing import HASH_NUM_BYTES, Namespace, hash_block
 
@@ -53,11 +59,14 @@ __all__ = [
     "TMP_SUFFIX",
     "BadBlockError",
     "BlockHeader",
+    "EncodedBlock",
+    "OldFormatError",
     "HostBlock",
     "block_path",
     "check_metadata",
     "decode_block",
     "encode_block",
+    "encode_block_parts",
     "iter_block_files",
     "parse_header",
     "read_header",
@@ -65,10 +74,12 @@ __all__ = [
     "write_file_atomic",
 ]
 
-SSD_FORMAT_VERSION = 2
+SSD_FORMAT_VERSION = 3
 """Version of the block file layout; files of any other version are deleted when met."""
 
 FORMAT_NAME = "omlx.kv_block"
+LAYOUT = "layer,kv,head,token,dim"
+TENSOR_NAME = "kv"
 BLOCK_SUFFIX = ".safetensors"
 TMP_SUFFIX = ".tmp"
 _MAX_HEADER_BYTES = 16 * 1024 * 1024
@@ -85,36 +96,56 @@ class BadBlockError(ValueError):
     """A block file is unreadable, inconsistent, or not the block that was asked for."""
 
 
+class OldFormatError(BadBlockError):
+    """A block file written by another format version (deleted like any bad file, counted apart).
+
+    Attributes:
+        version: the file's ``format_version`` metadata (as written; may be None).
+    """
+
+    def __init__(self, version: str | None) -> None:
+        super().__init__(f"format version {version!r}, this omlx reads {SSD_FORMAT_VERSION}")
+        self.version = version
+
+
 @dataclass(slots=True)
 class HostBlock:
-    """One block's KV in host memory, as numpy arrays.
+    """One block's KV in host memory, as one numpy array.
 
     Attributes:
         dtype: KV dtype name, a key of :data:`DTYPES` (``"bfloat16"`` arrays are uint16 bit
             patterns).
-        layers: per layer ``(keys, values)``, each C-contiguous ``(1, n_kv_heads, num_tokens,
-            head_dim)``.
+        kv: C-contiguous ``(num_layers, 2, n_kv_heads, num_tokens, head_dim)``: keys at
+            ``kv[:, 0]``, values at ``kv[:, 1]``.
     """
 
     dtype: str
-    layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+    kv: np.ndarray
+
+    @classmethod
+    def from_layers(cls, dtype: str, layers: Sequence[tuple[np.ndarray, np.ndarray]]) -> HostBlock:
+        """Stack per-layer ``(keys, values)``, each ``(1, n_kv_heads, num_tokens, head_dim)``
+        (tests and tools; copies)."""
+        return cls(dtype, np.ascontiguousarray(np.stack([np.stack([k[0], v[0]]) for k, v in layers])))
+
+    @property
+    def layers(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """Per-layer ``(keys, values)`` views, each ``(1, n_kv_heads, num_tokens, head_dim)``."""
+        return tuple((self.kv[i, 0][None], self.kv[i, 1][None]) for i in range(self.kv.shape[0]))
 
     @property
     def num_bytes(self) -> int:
-        """Bytes of all tensors."""
-        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+        """Bytes of the tensor."""
+        return int(self.kv.nbytes)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.kv.shape[0])
 
     @property
     def num_tokens(self) -> int:
-        """Tokens in the block (axis 2 of every tensor)."""
-        return int(self.layers[0][0].shape[2]) if self.layers else 0
-
-
-def tensor_names(namespace: Namespace) -> list[str]:
-    names = []
-    for i in range(namespace.layer_start, namespace.layer_end):
-        names += [f"layer.{i}.keys", f"layer.{i}.values"]
-    return names
+        """Tokens in the block (axis 3)."""
+        return int(self.kv.shape[3])
 
 
 def block_path(root: Path, namespace: Namespace, block_hash: bytes) -> Path:
@@ -123,47 +154,70 @@ def block_path(root: Path, namespace: Namespace, block_hash: bytes) -> Path:
     return root / namespace.digest() / h[:2] / f"{h}{BLOCK_SUFFIX}"
 
 
-def encode_block(
+@dataclass(slots=True)
+class EncodedBlock:
+    """A block file as two buffers: the header and the tensor bytes (a view of the host array).
+
+    Attributes:
+        block_hash: the block's key (the file's name).
+        header: the 8-byte header length and the JSON header.
+        data: the tensor bytes, not copied (valid while the host array is).
+    """
+
+    block_hash: bytes
+    header: bytes
+    data: memoryview
+
+    @property
+    def num_bytes(self) -> int:
+        """Size of the file in bytes."""
+        return len(self.header) + self.data.nbytes
+
+    def to_bytes(self) -> bytes:
+        """The whole file in one bytes object (copies; tests and tools)."""
+        return self.header + self.data.tobytes()
+
+
+def encode_block_parts(
     namespace: Namespace,
     parent_hash: bytes,
     token_ids: Sequence[int],
     host: HostBlock,
-) -> tuple[bytes, bytes]:
-    """Serialize one block to safetensors bytes.
+    *,
+    block_hash: bytes | None = None,
+) -> EncodedBlock:
+    """Build one block's file without copying its tensor bytes (see the module docstring).
+
+    Holds the GIL only to build the small header; the CRC-32 over the tensor releases it.
 
     Args:
-        namespace: the block's namespace (its layer range names the tensors).
+        namespace: the block's namespace (its layer range is the tensor's first axis).
         parent_hash: key of the previous block, or ``namespace.key()`` for block 0.
         token_ids: the block's token ids.
-        host: its KV, one ``(keys, values)`` pair per layer of the namespace.
-
-    Returns:
-        ``(block_hash, file bytes)``.
+        host: its KV, ``(num_layers, 2, heads, len(token_ids), head_dim)``.
+        block_hash: its key when the caller already computed it (``hash_block(parent_hash,
+            token_ids)``, e.g. the request's ``BlockHashes``); not re-checked.
 
     Raises:
-        ValueError: a layer count, dtype or token count that does not match.
+        ValueError: a layer count, dtype, shape or token count that does not match.
     """
     tokens = [int(t) for t in token_ids]
-    block_hash = hash_block(parent_hash, tokens)
-    names = tensor_names(namespace)
+    if block_hash is None:
+        block_hash = hash_block(parent_hash, tokens)
     if host.dtype not in DTYPES:
         raise ValueError(f"unsupported KV dtype {host.dtype!r}; expected one of {sorted(DTYPES)}")
-    if 2 * len(host.layers) != len(names):
-        raise ValueError(f"{len(host.layers)} layers given, namespace has {len(names) // 2}")
     code, storage = DTYPES[host.dtype]
-    arrays = [np.ascontiguousarray(a) for pair in host.layers for a in pair]
-    checksum = 0
-    specs = {}
-    for name, arr in zip(names, arrays):
-        if arr.dtype != storage or arr.ndim != 4 or arr.shape[2] != len(tokens):
-            raise ValueError(
-                f"{name}: got {arr.dtype}{arr.shape}, expected {np.dtype(storage)} "
-                f"(1, heads, {len(tokens)}, head_dim)"
-            )
-        checksum = zlib.crc32(arr.data, checksum)
-        specs[name] = TensorSpec(
-            dtype=host.dtype, shape=list(arr.shape), data_ptr=arr.ctypes.data, data_len=arr.nbytes
+    kv = host.kv
+    num_layers = namespace.layer_end - namespace.layer_start
+    if kv.dtype != storage or kv.ndim != 5 or kv.shape[0] != num_layers or kv.shape[1] != 2 or kv.shape[3] != len(tokens):
+        raise ValueError(
+            f"kv: got {kv.dtype}{kv.shape}, expected {np.dtype(storage)} "
+            f"({num_layers}, 2, heads, {len(tokens)}, head_dim)"
         )
+    if not kv.flags.c_contiguous:
+        kv = np.ascontiguousarray(kv)
+    data = memoryview(kv).cast("B")
+    checksum = zlib.crc32(data)  # releases the GIL (buffers over 5 KiB)
     metadata = {
         "format": FORMAT_NAME,
         "format_version": str(SSD_FORMAT_VERSION),
@@ -175,11 +229,37 @@ def encode_block(
         "layer_start": str(namespace.layer_start),
         "layer_end": str(namespace.layer_end),
         "dtype": host.dtype,
+        "layout": LAYOUT,
         "checksum": _checksum_text(checksum),
     }
-    data = bytes(serialize(specs, metadata=metadata))
-    del arrays  # kept alive until serialize copied them (TensorSpec holds raw pointers)
-    return block_hash, data
+    header = {
+        "__metadata__": metadata,
+        TENSOR_NAME: {"dtype": code, "shape": list(kv.shape), "data_offsets": [0, data.nbytes]},
+    }
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    text += b" " * (-(8 + len(text)) % 8)  # the spec's padding: tensor data starts 8-aligned
+    return EncodedBlock(block_hash, struct.pack("<Q", len(text)) + text, data)
+
+
+def encode_block(
+    namespace: Namespace,
+    parent_hash: bytes,
+    token_ids: Sequence[int],
+    host: HostBlock,
+    *,
+    block_hash: bytes | None = None,
+) -> tuple[bytes, bytes]:
+    """Serialize one block to safetensors bytes (one copy; the writer uses
+    :func:`encode_block_parts`).
+
+    Returns:
+        ``(block_hash, file bytes)``.
+
+    Raises:
+        ValueError: as :func:`encode_block_parts`.
+    """
+    enc = encode_block_parts(namespace, parent_hash, token_ids, host, block_hash=block_hash)
+    return enc.block_hash, enc.to_bytes()
 
 
 def _checksum_text(crc: int) -> str:
@@ -242,9 +322,7 @@ def check_metadata(
     if meta.get("format") != FORMAT_NAME:
         raise BadBlockError(f"not an omlx KV block (format {meta.get('format')!r})")
     if meta.get("format_version") != str(SSD_FORMAT_VERSION):
-        raise BadBlockError(
-            f"format version {meta.get('format_version')!r}, this omlx reads {SSD_FORMAT_VERSION}"
-        )
+        raise OldFormatError(meta.get("format_version"))
     if meta.get("namespace") != namespace.to_json():
         raise BadBlockError("namespace differs (another model, tokenizer, KV format or layers)")
     if meta.get("block_hash") != block_hash.hex():
@@ -264,15 +342,20 @@ def check_metadata(
         raise BadBlockError("token ids do not match num_tokens")
     if token_ids is not None and tokens != list(token_ids):
         raise BadBlockError("token ids differ from the request's")
-    try:
-        if hash_block(parent, tokens) != block_hash:
-            raise BadBlockError("block hash does not match sha256(parent, token ids)")
-    except ValueError as exc:
-        raise BadBlockError(f"token ids invalid: {exc}") from exc
+    # With the expected parent and tokens given, the caller's key is sha256(parent, tokens) by
+    # construction (a request's BlockHashes) and both were compared above: no second hash.
+    if parent_hash is None or token_ids is None:
+        try:
+            if hash_block(parent, tokens) != block_hash:
+                raise BadBlockError("block hash does not match sha256(parent, token ids)")
+        except ValueError as exc:
+            raise BadBlockError(f"token ids invalid: {exc}") from exc
     if layers != (namespace.layer_start, namespace.layer_end):
         raise BadBlockError(f"layer range {layers} differs from the namespace's")
     if meta.get("dtype") not in DTYPES or (dtype is not None and meta.get("dtype") != dtype):
         raise BadBlockError(f"dtype {meta.get('dtype')!r}, expected {dtype!r}")
+    if meta.get("layout") != LAYOUT:
+        raise BadBlockError(f"layout {meta.get('layout')!r}, expected {LAYOUT!r}")
     return parent, tokens
 
 
@@ -303,32 +386,27 @@ def decode_block(
     block_dtype = meta["dtype"]
     code, storage = DTYPES[block_dtype]
     itemsize = np.dtype(storage).itemsize
-    names = tensor_names(namespace)
-    if set(header.tensors) != set(names):
-        raise BadBlockError("tensor names differ from the namespace's layer range")
+    if set(header.tensors) != {TENSOR_NAME}:
+        raise BadBlockError(f"tensors {sorted(header.tensors)}, expected only {TENSOR_NAME!r}")
+    info = header.tensors[TENSOR_NAME]
+    shape = info.get("shape")
+    num_layers = namespace.layer_end - namespace.layer_start
+    if info.get("dtype") != code:
+        raise BadBlockError(f"kv: dtype {info.get('dtype')!r}, expected {code}")
+    if not (isinstance(shape, list) and len(shape) == 5 and all(isinstance(x, int) and x >= 0 for x in shape)):
+        raise BadBlockError(f"kv: shape {shape!r} is not (layers, 2, heads, tokens, head_dim)")
+    if shape[0] != num_layers or shape[1] != 2 or shape[3] != len(tokens):
+        raise BadBlockError(f"kv: shape {shape} does not hold {num_layers} layers of {len(tokens)} tokens")
+    begin, end = info["data_offsets"]
+    if end - begin != int(np.prod(shape)) * itemsize:
+        raise BadBlockError(f"kv: {end - begin} bytes for shape {shape}")
     base = 8 + header.header_len
-    checksum = 0
-    arrays = []
-    view = memoryview(data)
-    for name in names:
-        info = header.tensors[name]
-        shape = info.get("shape")
-        if info.get("dtype") != code:
-            raise BadBlockError(f"{name}: dtype {info.get('dtype')!r}, expected {code}")
-        if not (isinstance(shape, list) and len(shape) == 4 and all(isinstance(s, int) and s >= 0 for s in shape)):
-            raise BadBlockError(f"{name}: shape {shape!r} is not (1, heads, tokens, head_dim)")
-        if shape[0] != 1 or shape[2] != len(tokens):
-            raise BadBlockError(f"{name}: shape {shape} does not hold {len(tokens)} tokens")
-        begin, end = info["data_offsets"]
-        if end - begin != int(np.prod(shape)) * itemsize:
-            raise BadBlockError(f"{name}: {end - begin} bytes for shape {shape}")
-        chunk = view[base + begin : base + end]
-        checksum = zlib.crc32(chunk, checksum)  # releases the GIL: reader threads overlap
-        arrays.append(np.frombuffer(chunk, dtype=storage).reshape(shape))
+    chunk = memoryview(data)[base + begin : base + end]
+    checksum = zlib.crc32(chunk)  # releases the GIL: reader threads overlap
     if meta.get("checksum") != _checksum_text(checksum):
         raise BadBlockError("content checksum mismatch (corrupted tensor data)")
-    layers = tuple((arrays[i], arrays[i + 1]) for i in range(0, len(arrays), 2))
-    return HostBlock(block_dtype, layers), parent, tokens
+    kv = np.frombuffer(chunk, dtype=storage).reshape(shape)
+    return HostBlock(block_dtype, kv), parent, tokens
 
 
 def fsync_dir(path: Path) -> None:
@@ -344,8 +422,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_file_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so a crash leaves either no file or the whole file.
+def write_file_atomic(path: Path, data: bytes | memoryview, *more: bytes | memoryview) -> None:
+    """Write ``data`` (then each of ``more``) to ``path`` so a crash leaves either no file or the
+    whole file. ``os.write`` and ``fsync`` release the GIL.
 
     Temp file in the same folder (named ``.<name>.<pid>.<random>.tmp``), fsync, ``os.replace``,
     fsync of the folder.
@@ -361,9 +440,10 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for chunk in (data, *more):
+                view = memoryview(chunk).cast("B")
+                while view:
+                    view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -30,6 +30,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HASH_NUM_BYTES",
     "MAX_TOKEN_ID",
+    "BlockHashes",
     "Namespace",
     "block_hashes",
     "hash_block",
@@ -278,6 +279,70 @@ def block_hashes(namespace: Namespace, token_ids: Sequence[int], block_size: int
         parent = hash_block(parent, token_ids[start : start + block_size])
         keys.append(parent)
     return keys
+
+
+class BlockHashes:
+    """The chained keys of one sequence's full blocks, computed once and extended as tokens arrive.
+
+    A request carries one of these from admission to finish: the prompt's blocks are hashed at
+    lookup, and every later caller (registering prefill chunks, filled decode blocks, the store
+    at finish, SSD writes) reads the keys from here instead of hashing again. Only full blocks
+    get a key; the trailing partial block is hashed when it completes.
+
+    Args:
+        parent_key: key of the block before the first one (``namespace.key()`` for block 0).
+        block_size: tokens per block, >= 1.
+
+    Attributes:
+        hashes: keys of blocks ``0 .. len(hashes) - 1``, 32 bytes each, in chain order.
+    """
+
+    __slots__ = ("block_size", "hashes", "parent_key")
+
+    def __init__(self, parent_key: bytes, block_size: int) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if len(parent_key) != HASH_NUM_BYTES:
+            raise ValueError(f"parent key must be {HASH_NUM_BYTES} bytes, got {len(parent_key)}")
+        self.parent_key = parent_key
+        self.block_size = block_size
+        self.hashes: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens covered by the keys (``len(hashes) * block_size``)."""
+        return len(self.hashes) * self.block_size
+
+    def parent_of(self, index: int) -> bytes:
+        """Key that block ``index`` chains from (``parent_key`` for block 0)."""
+        return self.hashes[index - 1] if index > 0 else self.parent_key
+
+    def extend(self, token_ids: Sequence[int], num_tokens: int | None = None) -> int:
+        """Hash the full blocks of ``token_ids[:num_tokens]`` that have no key yet.
+
+        Args:
+            token_ids: the sequence's tokens from position 0 (the tokens of blocks already
+                hashed must be the ones they were hashed with; not re-checked).
+            num_tokens: how many leading tokens to consider; ``None`` for all.
+
+        Returns:
+            The number of keys added.
+
+        Raises:
+            ValueError: a token id is invalid.
+        """
+        bs = self.block_size
+        end = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
+        num_full = end // bs
+        start = len(self.hashes)
+        parent = self.hashes[-1] if self.hashes else self.parent_key
+        for i in range(start, num_full):
+            parent = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
+            self.hashes.append(parent)
+        return max(0, num_full - start)
 
 
 def _without_volatile_keys(value: Any) -> Any:

@@ -297,6 +297,7 @@ class BlockPool:
         namespace: Namespace,
         *,
         max_cached_tokens: int | None = None,
+        block_hashes: Sequence[bytes] | None = None,
     ) -> PrefixHit:
         """Find the longest cached prefix of ``token_ids``.
 
@@ -311,6 +312,9 @@ class BlockPool:
             namespace: Only blocks of this namespace match.
             max_cached_tokens: Cap on ``num_cached_tokens``. Pass ``len(prompt) - 1``: the
                 model must run at least one token to produce logits.
+            block_hashes: The chained keys of ``token_ids``' leading full blocks, already
+                computed by the caller (``omlx.cache.hashing.BlockHashes``); blocks past them
+                are hashed here.
 
         Returns:
             The hit; ``num_cached_tokens == 0`` when nothing matches.
@@ -327,8 +331,10 @@ class BlockPool:
         parent = namespace.key()
         hit = PrefixHit(blocks=[])
         pos = 0
+        known = block_hashes if block_hashes is not None else ()
         while pos + bs <= limit:
-            block_hash = hash_block(parent, token_ids[pos : pos + bs])
+            i = pos // bs
+            block_hash = known[i] if i < len(known) else hash_block(parent, token_ids[pos : pos + bs])
             block = self._full.get(block_hash)
             if block is None:
                 break
@@ -428,6 +434,8 @@ class BlockPool:
         token_ids: Sequence[int],
         payload: object,
         num_bytes: int,
+        *,
+        block_hash: bytes | None = None,
     ) -> KVBlock | None:
         """Cache a full block, held once by the caller (release it when done).
 
@@ -438,6 +446,8 @@ class BlockPool:
             token_ids: Exactly ``block_size`` token ids.
             payload: The block's KV (opaque); dropped if the block is already cached.
             num_bytes: Payload size in bytes.
+            block_hash: The block's key when the caller already computed it
+                (``hash_block(parent, token_ids)``, e.g. from ``BlockHashes``); not re-checked.
 
         Returns:
             The new block, or the already-cached block with the same key (dedup), with
@@ -461,7 +471,10 @@ class BlockPool:
             self._num_rejected += 1
             return None
         parent_key, parent = resolved
-        block_hash = hash_block(parent_key, tokens)
+        if block_hash is None:
+            block_hash = hash_block(parent_key, tokens)
+        elif len(block_hash) != HASH_NUM_BYTES:
+            raise ValueError(f"block_hash must be {HASH_NUM_BYTES} bytes, got {len(block_hash)}")
         existing = self._full.get(block_hash)
         if existing is not None:
             self.acquire([existing])

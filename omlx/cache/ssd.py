@@ -43,9 +43,10 @@ from omlx.cache.blockfile import (
     TMP_SUFFIX,
     BadBlockError,
     HostBlock,
+    OldFormatError,
     check_metadata,
     decode_block,
-    encode_block,
+    encode_block_parts,
     iter_block_files,
     parse_header,
     read_header,
@@ -173,7 +174,9 @@ class ColdStats:
         num_budget_drops: blocks not written because every file was pinned or a parent.
         num_queued, num_queued_bytes: blocks waiting in the write queue now.
         num_reads, num_read_bytes, read_s: validated reads and their total time.
-        num_bad_files: files found invalid (at start or on read) and deleted.
+        num_bad_files: files found invalid (at start or on read) and deleted, including
+            ``num_old_format_files``.
+        num_old_format_files: files of another format version (an older omlx) deleted.
         num_missing: index entries whose file had vanished (deleted by someone else).
         num_evictions, num_evicted_bytes: files deleted for the budget.
         num_superseded: files deleted (or not written) because a sibling under the same
@@ -201,6 +204,7 @@ class ColdStats:
     num_evictions: int
     num_evicted_bytes: int
     num_superseded: int = 0
+    num_old_format_files: int = 0
 
 
 class SSDStore:
@@ -265,7 +269,7 @@ class SSDStore:
         self._warned_full = False
         self._c = dict.fromkeys(
             ("writes", "written_bytes", "write_errors", "disk_full", "queue_drops", "budget_drops",
-             "reads", "read_bytes", "bad_files", "missing", "evictions", "evicted_bytes", "superseded"), 0)
+             "reads", "read_bytes", "bad_files", "missing", "evictions", "evicted_bytes", "superseded", "old_format"), 0)
         self._read_s = 0.0
         self._write_s = 0.0
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -297,6 +301,7 @@ class SSDStore:
         files = list(iter_block_files(self.dir))
         advance, close = _progress(len(files), "indexing SSD KV cache", progress)
         found: list[tuple[float, bytes, _Entry]] = []
+        old: dict[str, int] = {}
         try:
             for path in files:
                 advance()
@@ -312,12 +317,24 @@ class SSDStore:
                                                     self.dtype)
                 except FileNotFoundError:
                     continue
+                except OldFormatError as exc:
+                    # Another layout (an older omlx): never misread; one summary line below.
+                    old[str(exc.version)] = old.get(str(exc.version), 0) + 1
+                    self._delete_bad(path, str(exc), log=False)
+                    continue
                 except (BadBlockError, ValueError, OSError) as exc:
                     self._delete_bad(path, str(exc))
                     continue
                 found.append((mtime, block_hash, _Entry(parent, size, 0, array("I", tokens))))
         finally:
             close()
+        if old:
+            num_old = sum(old.values())
+            with self._lock:
+                self._c["old_format"] += num_old
+            logger.warning("cold KV cache: deleted %d block file(s) of an older format (version %s; this omlx "
+                           "writes version %d) in %s; their prompts are prefilled again once", num_old,
+                           ", ".join(f"{v}: {n}" for v, n in sorted(old.items())), SSD_FORMAT_VERSION, self.dir)
         found.sort(key=lambda x: x[0])  # oldest first: least recently used
         for _, block_hash, entry in found:
             self._clock += 1
@@ -338,8 +355,9 @@ class SSDStore:
                 if block_hash in self._index:
                     self._drop_superseded_by(block_hash)
 
-    def _delete_bad(self, path: Path, reason: str) -> None:
-        logger.warning("cold KV cache: deleting bad block file %s (%s)", path.name, reason)
+    def _delete_bad(self, path: Path, reason: str, *, log: bool = True) -> None:
+        if log:
+            logger.warning("cold KV cache: deleting bad block file %s (%s)", path.name, reason)
         with self._lock:
             self._c["bad_files"] += 1
         try:
@@ -524,7 +542,9 @@ class SSDStore:
         displaces the newest queued low-priority blocks, else it is dropped. Drops are counted.
 
         Args:
-            block_hash: the block's key; a block already on disk or queued is skipped.
+            block_hash: the block's key, ``hash_block(parent_hash, token_ids)`` as the caller
+                computed it (a request's ``BlockHashes``; trusted, not hashed again); a block
+                already on disk or queued is skipped.
             parent_hash: previous block's key (``namespace.key()`` for block 0).
             token_ids: the block's tokens.
             host: its KV; the arrays must stay unchanged until written.
@@ -592,9 +612,11 @@ class SSDStore:
 
     def _write(self, job: _WriteJob) -> None:
         t0 = time.monotonic()
-        block_hash, data = encode_block(self.namespace, job.parent_hash, job.token_ids, job.host)
-        if block_hash != job.block_hash:
-            raise ValueError("block hash of the queued tokens differs from the queued key")
+        # The key was computed once by the request (BlockHashes); put's callers vouch for it. The
+        # tensor bytes go from the host array to the file: only the small header holds the GIL.
+        enc = encode_block_parts(self.namespace, job.parent_hash, job.token_ids, job.host,
+                                 block_hash=job.block_hash)
+        block_hash, num_bytes = enc.block_hash, enc.num_bytes
         with self._lock:
             if block_hash in self._index:
                 return
@@ -602,13 +624,13 @@ class SSDStore:
                 self._c["superseded"] += 1
                 return
             self._maybe_regrow_budget()
-            if not self._make_room(len(data), protect=job.parent_hash):
+            if not self._make_room(num_bytes, protect=job.parent_hash):
                 self._c["budget_drops"] += 1
                 return
             self._pin_parent(job.parent_hash, +1)
         path = self.dir / block_hash.hex()[:2] / f"{block_hash.hex()}{BLOCK_SUFFIX}"
         try:
-            write_file_atomic(path, data)
+            write_file_atomic(path, enc.header, enc.data)
         except OSError as exc:
             with self._lock:
                 self._pin_parent(job.parent_hash, -1)
@@ -628,10 +650,10 @@ class SSDStore:
             return
         with self._lock:
             self._pin_parent(job.parent_hash, -1)
-            self._add(block_hash, job.parent_hash, len(data), job.token_ids)
+            self._add(block_hash, job.parent_hash, num_bytes, job.token_ids)
             self._drop_superseded_by(block_hash)
             self._c["writes"] += 1
-            self._c["written_bytes"] += len(data)
+            self._c["written_bytes"] += num_bytes
             self._write_s += time.monotonic() - t0
 
     def _maybe_regrow_budget(self) -> None:
@@ -803,7 +825,7 @@ class SSDStore:
                 num_reads=c["reads"], num_read_bytes=c["read_bytes"], read_s=self._read_s,
                 num_bad_files=c["bad_files"], num_missing=c["missing"],
                 num_evictions=c["evictions"], num_evicted_bytes=c["evicted_bytes"],
-                num_superseded=c["superseded"],
+                num_superseded=c["superseded"], num_old_format_files=c["old_format"],
             )
 
     def write_bytes_per_s(self) -> float | None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from omlx.cache.blockfile import HostBlock
-from omlx.cache.hashing import Namespace, hash_block
+from omlx.cache.hashing import BlockHashes, Namespace, hash_block
 from omlx.cache.paged import BlockPool, KVBlock
 from omlx.cache.ssd import SSDStore
 
@@ -195,12 +195,16 @@ class TieredHit:
         held: hot blocks held for the request (release with :meth:`TieredCache.release`).
         num_cached_tokens: tokens covered by ``parts``.
         num_cached_tokens_cold: the part of those restored from disk.
+        num_full_blocks: leading full blocks of the request's own chain that are registered in
+            the hot tier and held in ``held`` (hot hits and registered restores; a block used
+            only in part is not counted). Registering the request's next blocks starts here.
     """
 
     parts: list[tuple[object, int]] = field(default_factory=list)
     held: list[KVBlock] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_cached_tokens_cold: int = 0
+    num_full_blocks: int = 0
 
     def truncate(self, num_tokens: int) -> None:
         """Keep only the first ``num_tokens`` cached tokens (cluster ranks agree on a count).
@@ -208,7 +212,7 @@ class TieredHit:
         Exact: the KV of position i depends only on tokens ``<= i``, so a prefix of a cached
         prefix is the cached KV of that shorter prefix. Restored (cold) parts come after the
         hot ones, so the tokens dropped are counted off the cold part first. Held blocks stay
-        held until release (they remain cached either way).
+        held until release (they remain cached either way), so ``num_full_blocks`` stays.
 
         Raises:
             ValueError: ``num_tokens`` is negative or more than the hit covers.
@@ -285,7 +289,9 @@ class TieredCache:
 
     # ---- lookup ----------------------------------------------------------------------
 
-    def acquire(self, token_ids: Sequence[int], *, whole: bool = False) -> TieredHit:
+    def acquire(
+        self, token_ids: Sequence[int], *, whole: bool = False, block_hashes: Sequence[bytes] | None = None
+    ) -> TieredHit:
         """Find and hold the longest cached prefix of ``token_ids`` (at most ``len - 1``).
 
         Hot blocks first; then the chain continues on disk and is restored into the hot tier
@@ -296,19 +302,23 @@ class TieredCache:
             token_ids: the request's prompt.
             whole: allow the hit to cover every token (the caller holds the logits of the
                 last position, so the model need not run on any prompt token).
+            block_hashes: the keys of the prompt's full blocks (``BlockHashes.hashes``), so
+                neither tier hashes them again; ``None``: hashed here.
 
         Returns:
             The hit; release it with :meth:`release`.
         """
         bs = self.block_size
         limit = len(token_ids) if whole else max(0, len(token_ids) - 1)
-        hit = self.pool.lookup(token_ids, self.namespace, max_cached_tokens=limit)
+        hit = self.pool.lookup(token_ids, self.namespace, max_cached_tokens=limit, block_hashes=block_hashes)
         self.pool.acquire(hit.all_blocks)
-        out = TieredHit(parts=[(b.payload, bs) for b in hit.blocks], held=list(hit.blocks))
+        out = TieredHit(parts=[(b.payload, bs) for b in hit.blocks], held=list(hit.blocks),
+                        num_full_blocks=len(hit.blocks))
         self._write_through_hits(hit.blocks)
         pos = len(hit.blocks) * bs
         num_partial = hit.num_partial_tokens if hit.partial is not None else 0
-        cold = self._restore(token_ids, limit, hit.parent_hash or self.namespace.key(), pos, num_partial, out)
+        cold = self._restore(token_ids, limit, hit.parent_hash or self.namespace.key(), pos, num_partial, out,
+                             block_hashes)
         if cold:
             if hit.partial is not None:
                 self.pool.release([hit.partial])
@@ -325,14 +335,18 @@ class TieredCache:
         self.pool.release(held)
         hit.parts = []
 
-    def _plan(self, token_ids: Sequence[int], limit: int, parent: bytes, pos: int) -> list[_Planned]:
+    def _plan(
+        self, token_ids: Sequence[int], limit: int, parent: bytes, pos: int, known: Sequence[bytes] | None = None
+    ) -> list[_Planned]:
         """The blocks after ``pos`` found on disk (or in the write queue), in chain order."""
         assert self.store is not None
         bs = self.block_size
+        known = known if known is not None else ()
         plan: list[_Planned] = []
         while pos < limit and pos + bs <= len(token_ids):
             tokens = list(token_ids[pos : pos + bs])
-            block_hash = hash_block(parent, tokens)
+            i = pos // bs
+            block_hash = known[i] if i < len(known) else hash_block(parent, tokens)
             size = self.store.file_bytes(block_hash)
             if size is None:
                 queued = self.store.pending(block_hash)
@@ -350,13 +364,14 @@ class TieredCache:
         return plan
 
     def _restore(
-        self, token_ids: Sequence[int], limit: int, parent: bytes, pos: int, num_partial: int, out: TieredHit
+        self, token_ids: Sequence[int], limit: int, parent: bytes, pos: int, num_partial: int, out: TieredHit,
+        known: Sequence[bytes] | None = None,
     ) -> int:
         """Restore the disk continuation into ``out``; returns the tokens restored (0: none)."""
         if self.store is None or pos >= limit:
             return 0
         self.num_cold_lookups += 1
-        plan = self._plan(token_ids, limit, parent, pos)
+        plan = self._plan(token_ids, limit, parent, pos, known)
         num_tokens = sum(p.num_use for p in plan) - num_partial
         if not plan or num_tokens <= 0:
             return 0
@@ -378,6 +393,7 @@ class TieredCache:
         futures: deque[Future[HostBlock | None]] = deque()
         next_read = 0
         registering = True
+        chain = True  # every item so far was a whole full block registered in the hot tier
         try:
             for item in plan:
                 while next_read < len(plan) and len(futures) < max(1, self.policy.prefetch_blocks):
@@ -395,6 +411,9 @@ class TieredCache:
                     else:
                         out.held.append(block)
                         payload = block.payload
+                chain = chain and registering and not item.partial and len(item.token_ids) == self.block_size
+                if chain:
+                    out.num_full_blocks += 1
                 out.parts.append((payload, item.num_use))
                 restored_tokens += item.num_use
                 restored_bytes += item.num_bytes
@@ -417,7 +436,8 @@ class TieredCache:
         """Register a restored block (or tail) in the hot tier, held once; ``None`` if it does not fit."""
         if len(item.token_ids) < self.block_size:
             return self.pool.register_tail(self.namespace, item.parent_hash, item.token_ids, payload, num_bytes)
-        return self.pool.register(self.namespace, item.parent_hash, item.token_ids, payload, num_bytes)
+        return self.pool.register(self.namespace, item.parent_hash, item.token_ids, payload, num_bytes,
+                                  block_hash=item.block_hash)
 
     def _submit_read(self, item: _Planned) -> Future[HostBlock | None]:
         assert self.store is not None
@@ -434,8 +454,92 @@ class TieredCache:
 
     # ---- writes ----------------------------------------------------------------------
 
+    def register_blocks(
+        self,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[bytes],
+        start: int,
+        end: int,
+        make_payload: Callable[[int, int], tuple[object, int]],
+        held: list[KVBlock],
+    ) -> tuple[int, int]:
+        """Register full blocks ``start .. end - 1`` of a sequence in the hot tier, in chain order.
+
+        Blocks already cached are held, not copied; new ones are built with ``make_payload`` and
+        queued for disk (low priority) when ``write_new_blocks``. Every block this registers or
+        finds is appended to ``held`` (one reference each; the caller releases them), so the
+        chain cannot be evicted under the caller. Block ``start - 1`` must be cached (held).
+
+        Args:
+            token_ids: the sequence's tokens from position 0 (at least ``end * block_size``).
+            block_hashes: the keys of its full blocks (at least ``end``), from ``BlockHashes``.
+            start, end: the block range; nothing happens when ``start >= end``.
+            make_payload: ``(first token, end token) -> (payload, num_bytes)``.
+            held: the caller's list of held blocks (extended in place).
+
+        Returns:
+            ``(num_chained, num_new)``: the index of the first block that could not be
+            registered (``end`` when all were: the hot budget is full or the parent is gone,
+            and later blocks would be useless without it), and how many blocks were new.
+        """
+        bs = self.block_size
+        num_new = 0
+        for i in range(start, end):
+            block_hash = block_hashes[i]
+            existing = self.pool.get(block_hash)
+            if existing is not None and not existing.is_tail:
+                self.pool.acquire([existing])
+                held.append(existing)
+                continue
+            payload, num_bytes = make_payload(i * bs, (i + 1) * bs)
+            parent = block_hashes[i - 1] if i > 0 else self.namespace.key()
+            block = self.pool.register(self.namespace, parent, token_ids[i * bs : (i + 1) * bs], payload, num_bytes,
+                                       block_hash=block_hash)
+            if block is None:
+                return i, num_new
+            held.append(block)
+            num_new += 1
+            if self.policy.write_new_blocks:
+                self._write(block, high=False)
+        return max(start, end), num_new
+
+    def register_tail(
+        self,
+        token_ids: Sequence[int],
+        num_tokens: int,
+        parent_hash: bytes,
+        make_payload: Callable[[int, int], tuple[object, int]],
+    ) -> bool:
+        """Register the tail ``token_ids[num_full * block_size : num_tokens]`` under its last full
+        block ``parent_hash`` (cached) and queue it for disk; the pool holds no reference after.
+
+        Returns:
+            False when it did not fit (or there is no tail), True otherwise.
+        """
+        bs = self.block_size
+        first = (num_tokens // bs) * bs
+        tail = token_ids[first:num_tokens]
+        if not tail:
+            return False
+        payload, num_bytes = make_payload(first, num_tokens)
+        block = self.pool.register_tail(self.namespace, parent_hash, tail, payload, num_bytes)
+        if block is None:
+            return False
+        try:
+            if self.policy.write_new_blocks:
+                self._write(block, high=False)
+        finally:
+            self.pool.release([block])
+        return True
+
     def store_sequence(
-        self, token_ids: Sequence[int], num_tokens: int, make_payload: Callable[[int, int], tuple[object, int]]
+        self,
+        token_ids: Sequence[int],
+        num_tokens: int,
+        make_payload: Callable[[int, int], tuple[object, int]],
+        *,
+        block_hashes: BlockHashes | None = None,
+        num_registered: int = 0,
     ) -> None:
         """Register a finished sequence's new full blocks and its tail in the hot tier.
 
@@ -447,38 +551,22 @@ class TieredCache:
             token_ids: the sequence's tokens (prompt and generated).
             num_tokens: how many of them have KV (``<= len(token_ids)``).
             make_payload: ``(start, end) -> (payload, num_bytes)`` for tokens ``[start, end)``.
+            block_hashes: the sequence's keys so far (extended here to ``num_tokens``, so its
+                owner never hashes a block twice); ``None``: hashed here.
+            num_registered: leading full blocks the caller knows are cached and held (e.g.
+                registered as they were computed): skipped without a lookup.
         """
-        bs = self.block_size
         total = min(len(token_ids), num_tokens)
+        if block_hashes is None:
+            block_hashes = BlockHashes(self.namespace.key(), self.block_size)
+        block_hashes.extend(token_ids, total)
+        num_full = total // self.block_size
         held: list[KVBlock] = []
         try:
-            parent = self.namespace.key()
-            num_full = total // bs
-            complete = True
-            for i in range(num_full):
-                tokens = token_ids[i * bs : (i + 1) * bs]
-                block_hash = hash_block(parent, tokens)
-                existing = self.pool.get(block_hash)
-                if existing is not None and not existing.is_tail:
-                    parent = block_hash
-                    continue
-                payload, num_bytes = make_payload(i * bs, (i + 1) * bs)
-                block = self.pool.register(self.namespace, parent, tokens, payload, num_bytes)
-                if block is None:
-                    complete = False
-                    break
-                held.append(block)
-                if self.policy.write_new_blocks:
-                    self._write(block, high=False)
-                parent = block_hash
-            tail = token_ids[num_full * bs : total]
-            if complete and tail:
-                payload, num_bytes = make_payload(num_full * bs, total)
-                block = self.pool.register_tail(self.namespace, parent, tail, payload, num_bytes)
-                if block is not None:
-                    held.append(block)
-                    if self.policy.write_new_blocks:
-                        self._write(block, high=False)
+            chained, _ = self.register_blocks(token_ids, block_hashes.hashes, num_registered, num_full,
+                                              make_payload, held)
+            if chained == num_full:
+                self.register_tail(token_ids, total, block_hashes.parent_of(num_full), make_payload)
         finally:
             self.pool.release(held)
 
@@ -563,6 +651,7 @@ class TieredCache:
             "num_restore_failures": self.num_restore_failures,
             "restore_s": round(self.restore_s, 6),
             "num_bad_files": s.num_bad_files,
+            "num_old_format_files": s.num_old_format_files,
             "num_missing_files": s.num_missing,
             "num_writes": s.num_writes,
             "num_written_bytes": s.num_written_bytes,

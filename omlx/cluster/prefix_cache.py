@@ -20,6 +20,12 @@ Whole-prompt hits (the first token drawn from stored log-probabilities, no forwa
 every rank to hold the whole prompt; they are used only for greedy requests: a seeded sampler
 is a key chain that rank 0 would advance alone.
 
+No ``cache_blocks`` here (the engine checks ``getattr(pc, "cache_blocks", None)``): registering a
+running request's blocks chunk by chunk would have to be replayed on every follower at the same
+point of its replayed generator, which hands a follower a sequence's caches only when it finishes
+(`FollowerPrefixCache.finished`). Rank 0 alone registering them would be harmless (the agreed
+count is the minimum) but useless; so in cluster mode blocks are registered at finish (`store`).
+
 Control messages (``omlx.cluster.worker`` lists the others)::
 
     {"op": "lookup", "lease": id, "tokens": [...], "whole": bool, "prefill_tokens_per_s": r | null}

@@ -2,14 +2,25 @@
 
 `PrefixCacheTiers` implements the engine's `PrefixCache` protocol on top of the pure
 `omlx.cache.tiered.TieredCache` (hot `BlockPool` + SSD store): at admission it looks up the
-longest cached prefix (restoring blocks from disk when cheaper than prefill) and concatenates
-its blocks into an mlx-lm ``KVCache`` per layer; when a request finishes it cuts the request's
-KV (prompt and generated tokens) into blocks and registers the new ones. `MlxPayloadCodec`
+longest cached prefix (restoring blocks from disk when cheaper than prefill) and turns its
+blocks into an mlx-lm ``KVCache`` per layer; as prefill chunks (and decode) complete blocks,
+`cache_blocks` registers them at once, and when a request finishes `store` registers the rest
+and the tail. A request's block keys are computed once (`Lease.block_hashes`). `MlxPayloadCodec`
 converts block payloads to numpy at this boundary, so nothing under ``omlx/cache`` sees mlx.
 
-A block's payload is a tuple over layers of ``(keys, values)``, each ``(1, n_kv_heads,
-num_tokens, head_dim)`` in the model's KV dtype. Only models whose every layer uses mlx-lm's
-plain ``KVCache`` get here (`LoadedModel.blockable`); others run without a cache, said loudly.
+A block's payload is ONE array, block-major: ``(num_layers, 2, n_kv_heads, num_tokens,
+head_dim)`` in the model's KV dtype, keys at ``[:, 0]`` and values at ``[:, 1]`` (the SSD file
+holds the same tensor). Storing a block is one stack of the layers' slices; materializing a
+request is one concatenate along the token axis, then per-layer views ``kv[l, 0]`` /
+``kv[l, 1]`` set as each ``KVCache.state`` (offset = tokens). Those views have no free room, so
+mlx-lm's next ``update_and_fetch`` concatenates into a fresh per-layer buffer: the hot tier's
+arrays are never written through.
+
+Only models whose every layer uses mlx-lm's plain ``KVCache`` get here (`LoadedModel.blockable`);
+others run without a cache, said loudly. A model whose layers differ in KV heads or head dim,
+or whose keys and values differ in head dim (the block-major array cannot hold it), also runs
+without a prefix cache: the first block it tries to store logs an error and turns the cache
+off for that model (`PrefixCacheTiers.disabled_reason`, in ``stats()``).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ import psutil
 from mlx_lm.models.cache import KVCache
 
 from omlx.cache.blockfile import DTYPES, HostBlock
-from omlx.cache.hashing import Namespace, make_kv_format, model_fingerprint, tokenizer_hash
+from omlx.cache.hashing import BlockHashes, Namespace, make_kv_format, model_fingerprint, tokenizer_hash
 from omlx.cache.paged import BlockPool
 from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
 from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPolicy
@@ -45,7 +56,7 @@ _FINGERPRINT_FILE = ".omlx-fingerprint.json"
 # A measured prefill rate is reused this long (it is a property of the model and the machine).
 _PREFILL_NOTE_MAX_AGE_S = 7 * 24 * 3600
 
-Payload = tuple[tuple[mx.array, mx.array], ...]
+Payload = mx.array  # (num_layers, 2, n_kv_heads, num_tokens, head_dim)
 
 
 @dataclass(slots=True)
@@ -59,6 +70,14 @@ class Lease:
         caches: one mlx-lm KVCache per layer holding that prefix, or None on a miss.
         lease_id: cluster mode: the id every rank knows this lookup by (None on one node).
         whole: the hit covers every prompt token (counted in ``num_whole_prompt_hits``).
+        block_hashes: the request's chained block keys, computed once: the prompt's at
+            `PrefixCacheTiers.acquire`, extended by `cache_blocks` and `store` as tokens get KV
+            (None for a lease made without a lookup; `store` then hashes).
+        num_registered_blocks: leading full blocks of the request that are in the hot tier and
+            held by this lease (hits, then blocks `cache_blocks` registered); `store` and
+            `cache_blocks` start after them.
+        hot_full: a registration found the hot budget full; the lease registers no more blocks
+            (a chain is useful only from its start).
     """
 
     hit: TieredHit
@@ -68,6 +87,9 @@ class Lease:
     released: bool = False
     lease_id: int | None = None
     whole: bool = False  # counted as a whole-prompt hit
+    block_hashes: BlockHashes | None = None
+    num_registered_blocks: int = 0
+    hot_full: bool = False
 
 
 def weight_shas(path: Path) -> list[str]:
@@ -118,15 +140,47 @@ def default_hot_cache_bytes() -> int:
 
 
 def _payload_bytes(payload: Payload) -> int:
-    return sum(k.nbytes + v.nbytes for k, v in payload)
+    return int(payload.nbytes)
+
+
+class NonUniformKVError(ValueError):
+    """The layers' KV differ in heads or head dim: no block-major array can hold them."""
+
+
+def check_uniform(caches: list[Any]) -> None:
+    """Raise `NonUniformKVError` unless every layer's keys and values share ``(H, D)``."""
+    k0 = caches[0].keys
+    shape = (k0.shape[1], k0.shape[3])
+    for c in caches:
+        if (c.keys.shape[1], c.keys.shape[3]) != shape or (c.values.shape[1], c.values.shape[3]) != shape:
+            raise NonUniformKVError(
+                f"layer KV shapes differ (keys {tuple(c.keys.shape)}, values {tuple(c.values.shape)}, "
+                f"layer 0 keys {tuple(k0.shape)})")
+
+
+def stack_block(caches: list[Any], a: int, b: int) -> Payload:
+    """Tokens ``[a, b)`` of per-layer caches as one block-major array (one copy; lazy).
+
+    Args:
+        caches: one mlx-lm ``KVCache`` per layer (batch 1), keys/values ``(1, H, >= b, D)``.
+
+    Returns:
+        ``(num_layers, 2, H, b - a, D)``.
+
+    Raises:
+        NonUniformKVError: the layers differ in heads or head dim, or keys and values do.
+    """
+    check_uniform(caches)
+    flat = mx.stack([x for c in caches for x in (c.keys[0, :, a:b], c.values[0, :, a:b])])
+    return flat.reshape(len(caches), 2, *flat.shape[1:])
 
 
 class MlxPayloadCodec:
-    """Block payloads (tuples of mlx ``(keys, values)``) to numpy host blocks and back.
+    """Block payloads (one mlx array ``(layers, 2, H, T, D)``) to numpy host blocks and back.
 
-    Runs on the engine thread. ``to_host`` does not copy: the numpy arrays are views of the
-    (evaluated, never mutated) mlx buffers, which they keep alive until written. bfloat16
-    travels as its uint16 bit pattern.
+    Runs on the engine thread. ``to_host`` does not copy: the numpy array is a view of the
+    (evaluated, never mutated) mlx buffer, which it keeps alive until written. bfloat16 travels
+    as its uint16 bit pattern.
 
     Args:
         dtype: the KV dtype name (a key of ``omlx.cache.blockfile.DTYPES``).
@@ -136,31 +190,24 @@ class MlxPayloadCodec:
         self.dtype = dtype
         self._storage = DTYPES[dtype][1]
 
-    def _host_array(self, a: mx.array) -> np.ndarray:
+    def to_host(self, payload: object) -> HostBlock:
+        a: mx.array = payload  # type: ignore[assignment]
+        dtype = str(a.dtype).removeprefix("mlx.core.")
+        if dtype != self.dtype:
+            raise ValueError(f"block KV is {dtype}, the namespace says {self.dtype}")
         m = memoryview(a)
         if not m.c_contiguous:
             a = mx.contiguous(a)
             mx.eval(a)
             m = memoryview(a)
-        return np.frombuffer(m.cast("B"), dtype=self._storage).reshape(a.shape)
-
-    def to_host(self, payload: object) -> HostBlock:
-        layers = payload  # type: ignore[assignment]
-        dtype = str(layers[0][0].dtype).removeprefix("mlx.core.")  # type: ignore[index]
-        if dtype != self.dtype:
-            raise ValueError(f"block KV is {dtype}, the namespace says {self.dtype}")
-        return HostBlock(dtype, tuple((self._host_array(k), self._host_array(v)) for k, v in layers))  # type: ignore[union-attr]
+        return HostBlock(dtype, np.frombuffer(m.cast("B"), dtype=self._storage).reshape(a.shape))
 
     def from_host(self, host: HostBlock) -> tuple[Payload, int]:
-        layers = []
-        for k, v in host.layers:
-            kk, vv = mx.array(k), mx.array(v)
-            if host.dtype == "bfloat16":
-                kk, vv = mx.view(kk, mx.bfloat16), mx.view(vv, mx.bfloat16)
-            layers.append((kk, vv))
-        payload = tuple(layers)
-        mx.eval(payload)
-        return payload, _payload_bytes(payload)
+        kv = mx.array(host.kv)
+        if host.dtype == "bfloat16":
+            kv = mx.view(kv, mx.bfloat16)
+        mx.eval(kv)
+        return kv, _payload_bytes(kv)
 
 
 def measure_prefill_rate(model: Any, num_tokens: int) -> float:
@@ -198,6 +245,7 @@ class PrefixCacheTiers:
     _next_logprobs: OrderedDict[bytes, mx.array] = field(default_factory=OrderedDict)
     _num_logprobs_bytes: int = 0
     num_whole_hits: int = 0
+    disabled_reason: str | None = None
 
     @property
     def pool(self) -> BlockPool:
@@ -222,8 +270,12 @@ class PrefixCacheTiers:
             materialize: build ``lease.caches`` now; with False, call `materialize` later (a
                 whole hit emits its first token before paying for the copy).
         """
+        hashes = BlockHashes(self.namespace.key(), self.block_size)
+        if self.disabled_reason is not None:
+            return Lease(TieredHit(), 0, block_hashes=hashes)
+        hashes.extend(token_ids)
         with self._lock:
-            hit = self.tiers.acquire(token_ids, whole=whole)
+            hit = self.tiers.acquire(token_ids, whole=whole, block_hashes=hashes.hashes)
             n = hit.num_cached_tokens
             is_whole = whole and n == len(token_ids)
             if is_whole:
@@ -233,7 +285,8 @@ class PrefixCacheTiers:
             except Exception:
                 self.tiers.release(hit)
                 raise
-        return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole)
+        return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole, block_hashes=hashes,
+                     num_registered_blocks=hit.num_full_blocks)
 
     def truncate(self, lease: Lease, num_tokens: int) -> None:
         """Cut an unmaterialized lease to its first ``num_tokens`` tokens (exact; see
@@ -300,41 +353,119 @@ class PrefixCacheTiers:
                 self._num_logprobs_bytes -= lp.nbytes
 
     def _materialize(self, parts: list[tuple[object, int]]) -> list[KVCache]:
-        sliced: list[Payload] = []
+        arrays = []
         for payload, n in parts:
-            layers: Payload = payload  # type: ignore[assignment]
-            if n < layers[0][0].shape[2]:
-                layers = tuple((kk[:, :, :n], vv[:, :, :n]) for kk, vv in layers)
-            sliced.append(layers)
+            kv: Payload = payload  # type: ignore[assignment]
+            arrays.append(kv if n == kv.shape[3] else kv[:, :, :, :n])
+        # (layers, 2, H, num_cached_tokens, D): one copy for the whole request
+        kv = mx.concatenate(arrays, axis=3) if len(arrays) > 1 else arrays[0]
+        if kv.shape[0] != self.num_layers:
+            raise ValueError(f"cached blocks hold {kv.shape[0]} layers, the model has {self.num_layers}")
+        num_tokens = kv.shape[3]
+        # (2 * layers, H, T, D): layer l's keys are row 2l, its values row 2l + 1 (views)
+        rows = kv.reshape(2 * self.num_layers, *kv.shape[2:])
         caches = []
         for layer in range(self.num_layers):
-            keys = mx.concatenate([p[layer][0] for p in sliced], axis=2) if len(sliced) > 1 else sliced[0][layer][0]
-            values = mx.concatenate([p[layer][1] for p in sliced], axis=2) if len(sliced) > 1 else sliced[0][layer][1]
             c = KVCache()
-            c.state = (keys, values, keys.shape[2])
+            c.state = (rows[2 * layer : 2 * layer + 1], rows[2 * layer + 1 : 2 * layer + 2], num_tokens)
             caches.append(c)
         mx.eval([c.keys for c in caches], [c.values for c in caches])
         return caches
 
+    def cache_blocks(self, lease: Lease, caches: list[Any], token_ids: list[int], num_tokens: int) -> int:
+        """Register the request's full blocks among its first ``num_tokens`` tokens as soon as their
+        KV is computed (after each prefill chunk, or when decode fills a block).
+
+        The blocks become hits for any later lookup at once, while the request still runs; they
+        are held by the lease until `release`, and queued for the SSD tier (low priority) like
+        `store` does. Blocks the lease already registered (or hit) are skipped without hashing
+        or copying; `store` at finish does only the rest and the tail.
+
+        Args:
+            lease: the request's lease (from `acquire`; not released).
+            caches: one mlx-lm ``KVCache`` per layer, batch 1, holding KV for at least
+                ``num_tokens`` tokens from position 0.
+            token_ids: the request's tokens from position 0 (prompt, then generated).
+            num_tokens: how many leading tokens have KV in ``caches``.
+
+        Returns:
+            The number of blocks newly registered by this call (0 when none completed, all
+            were cached already, or the hot budget is full).
+        """
+        if lease.released or lease.hot_full or self.disabled_reason or not caches or caches[0].keys is None:
+            return 0
+        num_tokens = min(num_tokens, len(token_ids), caches[0].offset)
+        with self._lock:
+            hashes = self._hashes_of(lease)
+            hashes.extend(token_ids, num_tokens)
+            end = num_tokens // self.block_size
+            start = lease.num_registered_blocks
+            if start >= end:
+                return 0
+            try:
+                payload = self._payload_fn(caches)
+            except NonUniformKVError as exc:
+                self._disable(exc)
+                return 0
+            chained, num_new = self.tiers.register_blocks(token_ids, hashes.hashes, start, end, payload,
+                                                          lease.hit.held)
+            lease.num_registered_blocks = chained
+            lease.hot_full = chained < end
+            return num_new
+
     def store(self, lease: Lease, prompt_cache: list[Any], token_ids: list[int]) -> None:
         """Register the request's new full blocks and its tail (prompt + generated tokens).
 
-        Blocks already cached are not copied again; when the budget is exhausted the rest of
-        the chain is skipped (a chain is only useful from its start). New full blocks are
-        queued for the SSD tier (low priority) off the request path.
+        Blocks already cached (by `cache_blocks`, or by anyone) are not copied again and the
+        lease's keys are extended rather than recomputed; when the budget is exhausted the rest
+        of the chain is skipped (a chain is only useful from its start). New full blocks are
+        queued for the SSD tier (low priority) off the request path. Call it after `release`
+        or before; the blocks the lease holds stay cached either way, and a chain `cache_blocks`
+        stopped for a full budget is tried again from where it stopped.
         """
-        if not prompt_cache or prompt_cache[0].keys is None:
+        if not prompt_cache or prompt_cache[0].keys is None or self.disabled_reason:
             return
-        keys = [c.keys for c in prompt_cache]
-        values = [c.values for c in prompt_cache]
+        num_tokens = min(len(token_ids), prompt_cache[0].offset)
+        with self._lock:
+            hashes = self._hashes_of(lease)
+            hashes.extend(token_ids, num_tokens)
+            try:
+                payload = self._payload_fn(prompt_cache)
+            except NonUniformKVError as exc:
+                self._disable(exc)
+                return
+            self.tiers.store_sequence(token_ids, num_tokens, payload, block_hashes=hashes,
+                                      num_registered=lease.num_registered_blocks)
+
+    def _hashes_of(self, lease: Lease) -> BlockHashes:
+        if lease.block_hashes is None:
+            lease.block_hashes = BlockHashes(self.namespace.key(), self.block_size)
+        return lease.block_hashes
+
+    def _payload_fn(self, caches: list[Any]) -> Callable[[int, int], tuple[Payload, int]]:
+        """``(a, b) -> (payload, num_bytes)``: tokens ``[a, b)`` of ``caches`` as one block array,
+        evaluated at once (before the next forward pass can update the caches in place; per
+        block: measured 2-3x faster on CPU than one eval of a chunk's blocks together).
+
+        Raises:
+            NonUniformKVError: as `stack_block` (checked here, before anything is registered).
+        """
+        check_uniform(caches)
 
         def payload(a: int, b: int) -> tuple[Payload, int]:
-            p = tuple((mx.contiguous(k[:, :, a:b]), mx.contiguous(v[:, :, a:b])) for k, v in zip(keys, values))
+            flat = mx.stack([x for c in caches for x in (c.keys[0, :, a:b], c.values[0, :, a:b])])
+            p = flat.reshape(len(caches), 2, *flat.shape[1:])
             mx.eval(p)
             return p, _payload_bytes(p)
 
-        with self._lock:
-            self.tiers.store_sequence(token_ids, prompt_cache[0].offset, payload)
+        return payload
+
+    def _disable(self, exc: Exception) -> None:
+        if self.disabled_reason is None:
+            self.disabled_reason = f"block-major KV blocks cannot hold this model's KV: {exc}"
+            logger.error("prefix cache OFF for this model (no hits, no stores, no SSD writes): %s; the "
+                         "model still serves, prefilling every prompt in full", self.disabled_reason)
+            self.tiers.clear()
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """Feed a measured prefill (``num_tokens`` computed in ``seconds``, the request alone in
@@ -389,6 +520,7 @@ class PrefixCacheTiers:
             "num_evictions": s.num_evictions,
             "num_evicted_bytes": s.num_evicted_bytes,
             "num_whole_prompt_hits": self.num_whole_hits,
+            "disabled_reason": self.disabled_reason,
             "num_next_logprobs": len(self._next_logprobs),
             "num_next_logprobs_bytes": self._num_logprobs_bytes,
         }

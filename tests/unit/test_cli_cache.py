@@ -28,7 +28,7 @@ def fill(base: Path, ns: Namespace, model_id: str, num_blocks: int) -> list[byte
         tokens = [i, i + 1]
         h = hash_block(parent, tokens)
         arr = np.full((1, 1, 2, 4), i, dtype=np.float32)
-        store.put(h, parent, tokens, HostBlock("float32", ((arr, arr),)))
+        store.put(h, parent, tokens, HostBlock.from_layers("float32", [(arr, arr)]))
         parent = h
         out.append(h)
     assert store.flush(10)

@@ -287,3 +287,19 @@ def test_make_kv_format() -> None:
         make_kv_format("a;b", None, None, "KVCache")
     with pytest.raises(ValueError):
         make_kv_format("bfloat16", None, None, "")
+
+
+def test_block_hashes_extends_incrementally_to_the_same_chain_as_block_hashes():
+    from omlx.cache.hashing import BlockHashes
+
+    ns = Namespace("m" * 8, "t" * 8, "kv", 0, 2)
+    tokens = list(range(3, 3 + 4 * 5 + 2))
+    chain = BlockHashes(ns.key(), 4)
+    assert chain.extend(tokens, 3) == 0 and chain.hashes == []
+    assert chain.extend(tokens, 9) == 2
+    assert chain.extend(tokens[:9]) == 0  # nothing new: blocks are never hashed twice
+    assert chain.extend(tokens) == 3 and len(chain) == 5 and chain.num_tokens == 20
+    assert chain.hashes == block_hashes(ns, tokens, 4)
+    assert chain.parent_of(0) == ns.key() and chain.parent_of(3) == chain.hashes[2]
+    with pytest.raises(ValueError):
+        BlockHashes(ns.key(), 0)

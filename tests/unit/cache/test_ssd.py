@@ -46,7 +46,7 @@ def host_block(dtype: str = "bfloat16", num_tokens: int = BS, seed: int = 0, hea
             return rng.integers(0, 2**16, size=shape, dtype=np.uint16)
         return rng.standard_normal(shape).astype(storage)
 
-    return HostBlock(dtype, tuple((arr(), arr()) for _ in range(2)))
+    return HostBlock.from_layers(dtype, [(arr(), arr()) for _ in range(2)])
 
 
 def same(a: HostBlock, b: HostBlock) -> bool:
@@ -109,10 +109,13 @@ def test_file_is_plain_safetensors_with_the_documented_metadata(tmp_path: Path):
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8 : 8 + n])
     meta = header.pop("__metadata__")
-    assert sorted(header) == ["layer.0.keys", "layer.0.values", "layer.1.keys", "layer.1.values"]
-    assert {v["dtype"] for v in header.values()} == {"BF16"}  # stored as bfloat16, not uint16
-    assert header["layer.0.keys"]["shape"] == [1, 2, BS, 8]
-    assert meta["format_version"] == str(SSD_FORMAT_VERSION)
+    # One block-major tensor: (layers, keys|values, heads, tokens, head_dim)
+    assert sorted(header) == ["kv"]
+    assert header["kv"]["dtype"] == "BF16"  # stored as bfloat16, not uint16
+    assert header["kv"]["shape"] == [2, 2, 2, BS, 8]
+    assert (8 + n) % 8 == 0  # tensor data starts 8-aligned (header padded with spaces)
+    assert meta["format_version"] == str(SSD_FORMAT_VERSION) == "3"
+    assert meta["layout"] == "layer,kv,head,token,dim"
     assert json.loads(meta["namespace"]) == json.loads(NS.to_json())
     assert meta["parent_hash"] == parent.hex() and meta["block_hash"] == h.hex()
     assert json.loads(meta["token_ids"]) == toks and meta["num_tokens"] == "4"
@@ -133,6 +136,53 @@ def test_bytes_on_disk_grow_linearly_with_unique_tokens(tmp_path: Path):
 
 
 # ---- validation: bad files are deleted and counted, never returned ---------------------
+
+
+def test_a_block_file_is_read_by_any_safetensors_reader(tmp_path: Path):
+    from safetensors import safe_open
+
+    store = make_store(tmp_path, NS_F32, "float32")
+    (h, parent, toks), = chain([1, 2, 3, 4], NS_F32)
+    block = host_block("float32")
+    assert store.put(h, parent, toks, block) and store.flush(10)
+    with safe_open(str(block_path(tmp_path, NS_F32, h)), framework="numpy") as f:
+        assert list(f.keys()) == ["kv"] and f.metadata()["block_hash"] == h.hex()
+        assert np.array_equal(f.get_tensor("kv"), block.kv)
+
+
+def _write_v2_file(root: Path, ns: Namespace, h: bytes, parent: bytes, toks: list[int]) -> Path:
+    """A block file as omlx format version 2 wrote it: per-layer tensors, same metadata keys."""
+    from safetensors.numpy import save_file
+
+    enc = blockfile.encode_block_parts(ns, parent, toks, host_block("float32"))
+    (n,) = struct.unpack("<Q", enc.header[:8])
+    meta = json.loads(enc.header[8 : 8 + n])["__metadata__"]
+    meta["format_version"] = "2"
+    del meta["layout"]
+    tensors = {f"layer.{i}.{kind}": np.zeros((1, 2, len(toks), 8), np.float32)
+               for i in range(ns.layer_start, ns.layer_end) for kind in ("keys", "values")}
+    path = block_path(root, ns, h)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def test_files_of_an_older_format_are_counted_deleted_and_never_read(tmp_path: Path, caplog):
+    blocks = chain(list(range(1, 13)), NS_F32)
+    paths = [_write_v2_file(tmp_path, NS_F32, h, p, t) for h, p, t in blocks]
+    with caplog.at_level("WARNING", logger="omlx.cache.ssd"):
+        store = make_store(tmp_path, NS_F32, "float32")
+    s = store.stats()
+    assert s.num_files == 0 and s.num_old_format_files == 3 and s.num_bad_files == 3
+    assert not any(p.exists() for p in paths)
+    old = [r for r in caplog.records if "older format" in r.getMessage()]
+    assert len(old) == 1 and "3 block file(s)" in old[0].getMessage() and "2: 3" in old[0].getMessage()
+    h, p, t = blocks[0]
+    assert store.read(h, p, t) is None
+    # decode refuses one too (e.g. a file written by another process after the scan)
+    path = _write_v2_file(tmp_path, NS_F32, h, p, t)
+    with pytest.raises(blockfile.OldFormatError):
+        decode_block(path.read_bytes(), NS_F32, h)
 
 
 def _one_block(tmp_path: Path) -> tuple[SSDStore, bytes, bytes, list[int], Path]:

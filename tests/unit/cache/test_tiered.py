@@ -31,7 +31,7 @@ class HostCodec:
         return payload
 
     def from_host(self, host: HostBlock) -> tuple[object, int]:
-        copy = HostBlock(host.dtype, tuple((k.copy(), v.copy()) for k, v in host.layers))
+        copy = HostBlock(host.dtype, host.kv.copy())
         return copy, copy.num_bytes
 
 
@@ -42,7 +42,7 @@ def kv_for(tokens: list[int]) -> HostBlock:
     def arr(offset: int) -> np.ndarray:
         return np.ascontiguousarray(np.broadcast_to((t + offset)[None, None, :, None], (1, 2, len(t), 8)))
 
-    return HostBlock("bfloat16", tuple((arr(100 * layer), arr(100 * layer + 50)) for layer in range(2)))
+    return HostBlock.from_layers("bfloat16", [(arr(100 * layer), arr(100 * layer + 50)) for layer in range(2)])
 
 
 def make_payload(tokens: list[int]):
