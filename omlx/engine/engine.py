@@ -618,6 +618,7 @@ class Engine:
                 raise InjectedFault("injected detokenize fault (OMLX_TEST_FAULT)")
             st.num_generated += 1
             st.generated_ids.append(int(r.token))
+            self._cache_decoded_block(st, r)
             lp = self._logprob(st, r.token, r.logprobs) if st.request.sampling.logprobs else None
             text = st.output.add(r.token, lp)
             if text:
@@ -645,6 +646,21 @@ class Engine:
             pc.cache_blocks(st.lease, caches, list(st.request.prompt_token_ids), num_tokens)  # type: ignore[attr-defined]
         except Exception:
             logger.exception("could not cache the prefill blocks of %s", st.request.request_id)
+
+    def _cache_decoded_block(self, st: _Running, r: Any) -> None:
+        """When decode fills a block, register it now (a long answer's blocks serve the next
+        turn or a retry before the request ends)."""
+        pc = self.prefix_cache
+        num_kv = st.request.num_prompt_tokens + st.num_generated
+        if (st.lease is None or pc is None or r.finish_reason is not None or num_kv % self.block_size
+                or getattr(pc, "cache_blocks", None) is None):
+            return
+        caches = self._gen.decode_caches(r.uid)
+        if caches is not None:
+            try:
+                pc.cache_blocks(st.lease, caches, list(st.request.prompt_token_ids) + st.generated_ids, num_kv)
+            except Exception:
+                logger.exception("could not cache a decoded block of %s", st.request.request_id)
 
     def _observe_prefill(self, st: _Running, now: float) -> None:
         """Give the cache's restore cost model a real prefill rate: only a request that was

@@ -259,6 +259,28 @@ class BatchRunner:
             self._drop_rows(rows)
         return out
 
+    def decode_caches(self, uid: int) -> list[Any] | None:
+        """Batch-1 views of decoding sequence ``uid``'s KV (no copy): its own caches when it
+        decodes alone, per-layer ``KVCache`` views of its row of a merged ``BatchKVCache``;
+        None when it is not decoding or its caches are of another class."""
+        from mlx_lm.models.cache import BatchKVCache, KVCache
+
+        row = next((i for i, s in enumerate(self._rows) if s.uid == uid), None)
+        if row is None:
+            return None
+        if not self._merged:
+            return self._cache
+        if not all(isinstance(c, BatchKVCache) for c in self._cache):
+            return None
+        pad = self._cache[0].left_padding[row].item()
+        views = []
+        for c in self._cache:
+            v = KVCache()
+            k, vv = c.keys[row : row + 1, :, pad : c._idx], c.values[row : row + 1, :, pad : c._idx]
+            v.state = (k, vv, k.shape[2])
+            views.append(v)
+        return views
+
     def next(self) -> tuple[list[PromptResponse], list[TokenResponse]]:
         """One step: a decode step of every decoding sequence and at most one prefill chunk.
 

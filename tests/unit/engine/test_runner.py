@@ -246,3 +246,32 @@ def test_two_requests_sharing_a_long_prefix_prefill_it_once(model, tokenizer):
         assert eng._gen.num_prefill_tokens == 512 + 20 + 33
     finally:
         eng.stop()
+
+
+def test_a_block_filled_by_decode_is_cached_before_the_request_ends(model, tokenizer):
+    from omlx.request import Finished, Request, SamplingParams
+
+    eng = _engine(model, tokenizer, cache=True)
+    try:
+        (p,) = prompts([40], seed=13)
+        req = Request("tiny", p, SamplingParams(max_tokens=400, temperature=0.0))
+        events: list = []
+        enough = threading.Event()
+
+        def sink(ev):
+            events.append(ev)
+            if len(_tokens(events)) >= 70:
+                enough.set()
+
+        eng.submit(req, sink)
+        assert enough.wait(60)
+        eng.abort(req.request_id)  # an aborted request stores nothing at its end
+        for _ in range(200):
+            if events and isinstance(events[-1], Finished):
+                break
+            threading.Event().wait(0.05)
+        generated = _tokens(events)
+        follow = _run_all(eng, [Request("tiny", p + generated[:30], SamplingParams(max_tokens=2, temperature=0.0))])[0]
+        assert _usage(follow).num_cached_tokens == 64  # the block decode filled (40 prompt + 24 generated)
+    finally:
+        eng.stop()
