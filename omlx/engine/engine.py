@@ -474,6 +474,9 @@ class Engine:
         # shares a prefix with the request ahead of it then hits the blocks just computed
         # (8 agents started at once on one system prompt prefill it once).
         while self._ready and self._gen is not None and self._gen.num_prefilling == 0:
+            flush = getattr(self._gen, "flush_reports", None)
+            if flush is not None:
+                flush()
             req, sink = self._ready.pop(0)
             try:
                 self._insert(req, sink)

@@ -347,6 +347,12 @@ class BatchRunner:
         if self.on_prefill_chunk is not None:
             self._reports.append((s.uid, s.cache, num_tokens))
 
+    def flush_reports(self) -> None:
+        """Run the chunk hooks still due now (before a new sequence's prefix lookup, so it sees
+        every block computed so far)."""
+        reports, self._reports = self._reports, []
+        self._run_reports(reports)
+
     def _run_reports(self, reports: list[tuple[int, list[Any], int]]) -> None:
         for uid, caches, n in reports:
             self.on_prefill_chunk(uid, caches, n)  # type: ignore[misc]

@@ -228,22 +228,27 @@ def test_an_aborted_request_leaves_the_others_exact(model, tokenizer):
         eng.stop()
 
 
-def test_two_requests_sharing_a_long_prefix_prefill_it_once(model, tokenizer):
+@pytest.mark.parametrize("lengths", [(512, 20, 33), (200, 20, 9)])
+def test_two_requests_sharing_a_long_prefix_prefill_it_once(model, tokenizer, lengths):
     from omlx.request import Request, SamplingParams
 
     if not hasattr(__import__("omlx.engine.kv_cache", fromlist=["PrefixCacheTiers"]).PrefixCacheTiers,
                    "cache_blocks"):
         pytest.fail("PrefixCacheTiers has no cache_blocks: blocks are cached only when a request finishes")
     eos = frozenset(tokenizer.eos_token_ids)
-    shared, s1, s2 = prompts([512, 20, 33], seed=5)
+    # (200, 20, 9): shared blocks lie in the first request's last chunk, [128, 220).
+    shared, s1, s2 = prompts(list(lengths), seed=5)
     eng = _engine(model, tokenizer, cache=True)
     try:
         sp = SamplingParams(max_tokens=8, temperature=0.0)
         evs = _run_all(eng, [Request("tiny", shared + s1, sp), Request("tiny", shared + s2, sp)])
         assert _tokens(evs[0]) == reference(model, shared + s1, 8, eos)
         assert _tokens(evs[1]) == reference(model, shared + s2, 8, eos)
-        assert _usage(evs[1]).num_cached_tokens == 512
-        assert eng._gen.num_prefill_tokens == 512 + 20 + 33
+        # Every full block of the shared prefix is reused (the first request is still running:
+        # its partial last block is not cached yet).
+        num_cached = len(shared) // 64 * 64
+        assert _usage(evs[1]).num_cached_tokens == num_cached
+        assert eng._gen.num_prefill_tokens == 2 * len(shared) + len(s1) + len(s2) - num_cached
     finally:
         eng.stop()
 
