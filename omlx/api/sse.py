@@ -5,7 +5,7 @@ streams of one event loop share one `_Bridge`: engine threads append ``(stream, 
 deque and wake the loop with one ``call_soon_threadsafe`` only when some stream is parked and no
 wake-up is pending, so the events of one engine step, for every request in the batch (or of
 several steps while the loop was busy), cross threads in one hand-off; while events keep
-coming, the loop looks for them every `_REPASS_S` and needs none. `EventStream.batches`
+coming for several requests, the loop looks for them every `_REPASS_S` and needs none. `EventStream.batches`
 hands the consumer everything that has arrived at once, so a protocol frames a batch and writes
 it with one ``send``. While nothing arrives for ``keepalive_s`` (a long prefill), the caller gets
 a `KEEPALIVE` marker so it can send an SSE comment or ping and clients with read timeouts do not
@@ -35,8 +35,8 @@ KEEPALIVE = object()
 _TIMED_OUT = object()
 
 _REPASS_S = 0.0005
-"""After a pass that found events, the next one comes this much later (adds at most this much
-latency to events that arrive meanwhile; 0.5 ms against a decode step of several ms)."""
+"""With several streams open, after a pass that found events the next one comes this much later
+(adds at most this much latency to events that arrive meanwhile; a decode step takes ms)."""
 
 
 class _Bridge:
@@ -57,6 +57,7 @@ class _Bridge:
         self._loop = weakref.ref(loop)  # the loop's entry in _BRIDGES must not keep it alive
         self.buf: collections.deque[tuple[EventStream, GenerationEvent]] = collections.deque()
         self.num_parked = 0  # streams waiting in _park (loop thread writes, engine threads read)
+        self.num_streams = 0  # streams started and not yet ended (loop thread only)
         self.wake_pending = False  # a hand-off or a later pass is scheduled
         self.num_wakeups = 0
 
@@ -78,20 +79,24 @@ class _Bridge:
         self.num_wakeups += 1
 
     def _pass(self) -> None:
-        """Loop thread: distribute, then look again `_REPASS_S` later, until a pass finds nothing;
-        only then may engine threads wake the loop again. So while events keep coming (several
-        requests, or steps faster than the window) the loop collects them without hand-offs, and
-        a hand-off's write, which lets the loop thread take the GIL in the middle of an engine
-        step, is not repeated for each of that step's other events."""
-        if not self.buf:
-            self.wake_pending = False
-            if not self.buf:  # else it came before the flag fell: its put saw it up, scheduled nothing
-                return
-            self.wake_pending = True
+        """Loop thread: distribute; while several streams are open, look again `_REPASS_S` later
+        until a pass finds nothing, and only then let engine threads wake the loop again. So
+        while events keep coming the loop collects them without hand-offs, and a hand-off's
+        write, which lets the loop thread take the GIL in the middle of an engine step, is not
+        repeated for each other request's event of that step. One stream gets no later pass: its
+        step brings one event (two at its start and end), and a pass is a wake-up of its own."""
+        found = bool(self.buf)
         self.distribute()
         loop = self._loop()
-        if loop is not None:
+        if loop is None:
+            return
+        if found and self.num_streams > 1:
             loop.call_later(_REPASS_S, self._pass)
+            return
+        self.wake_pending = False
+        if self.buf:  # came before the flag fell: its put saw it up and scheduled nothing
+            self.wake_pending = True
+            loop.call_soon(self._pass)
 
     def distribute(self) -> None:
         """Loop thread: move queued events to their streams and release the parked ones."""
@@ -143,6 +148,7 @@ class EventStream:
         self._bridge = _bridge(self._loop)
         self._buf: collections.deque[GenerationEvent] = collections.deque()  # loop thread only
         self._waiter: asyncio.Future[Any] | None = None  # set while the consumer is parked
+        self._open = False  # counted in the bridge's num_streams
         self.done = False
 
     @property
@@ -152,6 +158,13 @@ class EventStream:
 
     def start(self) -> None:
         self.engine.submit(self.request, self._sink)
+        self._bridge.num_streams += 1
+        self._open = True
+
+    def _end(self) -> None:
+        if self._open:
+            self._open = False
+            self._bridge.num_streams -= 1
 
     def _sink(self, event: GenerationEvent) -> None:
         """Runs on the engine thread."""
@@ -200,6 +213,7 @@ class EventStream:
                 batch.append(ev)
                 if isinstance(ev, (Finished, Failed)):
                     self.done = True
+                    self._end()
                     break
             yield batch
 
@@ -214,6 +228,7 @@ class EventStream:
 
     def close(self) -> None:
         """Abort the request if it has not finished (client disconnect, handler error)."""
+        self._end()
         if not self.done:
             self.done = True
             self.engine.abort(self.request.request_id)
