@@ -4,12 +4,13 @@
 streams of one event loop share one `_Bridge`: engine threads append ``(stream, event)`` to its
 deque and wake the loop with one ``call_soon_threadsafe`` only when some stream is parked and no
 wake-up is pending, so the events of one engine step, for every request in the batch (or of
-several steps while the loop was busy), cross threads in one hand-off; while events keep
-coming for several requests, the loop looks for them every `_REPASS_S` and needs none. `EventStream.batches`
-hands the consumer everything that has arrived at once, so a protocol frames a batch and writes
-it with one ``send``. While nothing arrives for ``keepalive_s`` (a long prefill), the caller gets
-a `KEEPALIVE` marker so it can send an SSE comment or ping and clients with read timeouts do not
-give up. When the client goes away, `close()` aborts the request so its slot is freed.
+several steps while the loop was busy), cross threads in one hand-off; while events keep coming
+for several requests, the loop looks for them every `_REPASS_S` and needs none.
+`EventStream.batches` hands the consumer everything that has arrived at once, so a protocol
+frames a batch and writes it with one ``send``. While nothing but prefill progress arrives for
+``keepalive_s`` (a long prefill), the caller gets a `KEEPALIVE` marker so it can send an SSE
+comment or ping and clients with read timeouts do not give up. When the client goes away,
+`close()` aborts the request so its slot is freed.
 
 Must not: touch mlx, or block an engine thread (a sink only appends and maybe schedules).
 """
@@ -23,7 +24,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from omlx.request import Failed, Finished, GenerationEvent, Request
+from omlx.request import Failed, Finished, GenerationEvent, PrefillProgress, Request
 
 if TYPE_CHECKING:  # the engine is duck-typed here: submit(request, sink), abort(request_id), model_id
     from omlx.engine.engine import Engine
@@ -197,24 +198,37 @@ class EventStream:
 
     async def batches(self, *, keepalive: bool = True) -> AsyncIterator[Any]:
         """Yield lists of engine events (everything that arrived, in order) and KEEPALIVE markers,
-        until a batch ending in Finished or Failed. A batch is never empty."""
+        until a batch ending in Finished or Failed. A batch is never empty.
+
+        A KEEPALIVE comes ``keepalive_s`` after the last event other than `PrefillProgress` (or
+        the last KEEPALIVE): progress events reach no client, so they must not put it off.
+        """
         buf = self._buf
+        loop = self._loop
+        last_s = loop.time()
         while not self.done:
             self._bridge.distribute()
             if not buf:
-                woken = await self._park(self.keepalive_s if keepalive else None)
+                timeout_s = max(0.0, last_s + self.keepalive_s - loop.time()) if keepalive else None
+                woken = await self._park(timeout_s)
                 if not buf:  # timed out (no other wake-up can leave it empty)
                     if not woken:
+                        last_s = loop.time()
                         yield KEEPALIVE
                     continue
             batch: list[GenerationEvent] = []
+            visible = False
             for _ in range(len(buf)):
                 ev = buf.popleft()
                 batch.append(ev)
-                if isinstance(ev, (Finished, Failed)):
-                    self.done = True
-                    self._end()
-                    break
+                if type(ev) is not PrefillProgress:
+                    visible = True
+                    if isinstance(ev, (Finished, Failed)):
+                        self.done = True
+                        self._end()
+                        break
+            if visible:
+                last_s = loop.time()
             yield batch
 
     async def events(self, *, keepalive: bool = True) -> AsyncIterator[Any]:

@@ -16,7 +16,7 @@ import pytest
 
 from omlx.api.sse import KEEPALIVE, EventStream
 from omlx.api.turn import ContentDelta, ModelTurn, ToolCallStart
-from omlx.request import Admitted, Failed, Finished, Request, SamplingParams, TextDelta, Usage
+from omlx.request import Admitted, Failed, Finished, PrefillProgress, Request, SamplingParams, TextDelta, Usage
 
 USAGE = Usage(3, 0)
 
@@ -198,6 +198,30 @@ def test_keepalive_marker_while_nothing_arrives():
     out = run(go())
     assert out[:3] == [KEEPALIVE] * 3
     assert isinstance(out[-2], TextDelta) and isinstance(out[-1], Finished)
+
+
+def test_prefill_progress_does_not_put_the_keepalive_off():
+    """Progress events reach no client: a prefill that reports every 20 ms still gets markers."""
+
+    async def go():
+        engine, es = new_stream(keepalive_s=0.1)
+
+        def prefill():
+            for k in range(20):  # 0.4 s of chunks
+                engine.sink(PrefillProgress(k * 64, 20 * 64))
+                time.sleep(0.02)
+            engine.sink(TextDelta("a", [1]))
+            engine.sink(Finished("stop", USAGE))
+
+        t = threading.Thread(target=prefill)
+        t.start()
+        out = [ev async for ev in es.events()]
+        t.join()
+        return out
+
+    out = run(go())
+    assert sum(ev is KEEPALIVE for ev in out) >= 2
+    assert [type(ev) for ev in out if ev is not KEEPALIVE] == [PrefillProgress] * 20 + [TextDelta, Finished]
 
 
 def test_no_keepalive_marker_when_not_asked():
