@@ -233,7 +233,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="repetitions; the median run is reported")
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
                     help="event loop (default uvloop: what Sanic, hence omlx serve, runs on when installed)")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write the figures here (default benchmarks/results/sse_path-<time>.json)")
     args = ap.parse_args()
     cpu_s, gpu_s = args.cpu_us * 1e-6, args.gpu_us * 1e-6
     result: dict[str, Any] = {"omlx": str(Path(omlx.__file__).parent), "commit": tree_commit(), "loop": args.loop,
@@ -254,9 +255,10 @@ def main() -> int:
               f"{paced['handoffs_per_step']:.2f} hand-offs/step, {paced['num_sends']} sends, "
               f"CPU/event: loop {paced['loop_cpu_us_per_event']:.1f} µs, producer {paced['producer_cpu_us_per_event']:.1f} µs")
     result["loadavg_end"] = os.getloadavg()
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    out = args.json or Path(__file__).resolve().parent / "results" / f"sse_path-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
     return 0
 
 
