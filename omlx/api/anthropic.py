@@ -443,34 +443,37 @@ async def _collect(turn: ModelTurn, builder: MessageBuilder):
 async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
     resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
     started = False  # message_start waits for Admitted, so its usage knows the cache hit
+    out: list[SseEvent] = []  # the stream events of the batch being framed
     try:
-        async for ev in turn.events(admitted=True):
-            if not started and ev is not KEEPALIVE:
-                started = True
-                await resp.send(to_sse(builder.start(ev.num_cached_tokens if isinstance(ev, Admitted) else 0)))
-            if isinstance(ev, Admitted):
+        # One send per batch of engine events: all its stream events go out in one write.
+        async for batch in turn.batches(admitted=True):
+            if batch is KEEPALIVE:
+                # still queued: a comment keeps the connection alive; then pings
+                await resp.send(to_sse([builder.ping()]) if started else SSE_COMMENT_KEEPALIVE)
                 continue
-            if ev is KEEPALIVE:
-                if not started:  # still queued: a comment keeps the connection alive
-                    await resp.send(SSE_COMMENT_KEEPALIVE)
+            for ev in batch:
+                if not started:
+                    started = True
+                    out += builder.start(ev.num_cached_tokens if isinstance(ev, Admitted) else 0)
+                if isinstance(ev, Admitted):
                     continue
-                out = [builder.ping()]
-            elif isinstance(ev, Failed):
-                out = builder.fail(ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error)))
-            elif isinstance(ev, Finished):
-                out = builder.finish(ev)
-            else:
-                out = frame(builder, ev)
+                if isinstance(ev, Failed):
+                    out += builder.fail(ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error)))
+                elif isinstance(ev, Finished):
+                    out += builder.finish(ev)
+                else:
+                    out += frame(builder, ev)
             if out:
-                await resp.send(to_sse(out))
+                events, out = out, []
+                await resp.send(to_sse(events))
     except Exception as e:  # after the 200 the only way to report is an in-stream error event
         if builder.done:
             raise
         logger.exception("stream of %s failed", builder.message["id"])
         err = e if isinstance(e, OmlxError) else EngineError(f"internal error: {type(e).__name__}: {e}")
         if not started:
-            await resp.send(to_sse(builder.start()))
-        await resp.send(to_sse(builder.fail(err)))
+            out += builder.start()
+        await resp.send(to_sse(out + builder.fail(err)))  # what the batch decided before the fault, then the error
     await resp.eof()
     return None
 

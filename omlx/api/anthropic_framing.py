@@ -32,6 +32,7 @@ import secrets
 import uuid
 from typing import Any
 
+from omlx.api.sse import json_compact
 from omlx.errors import OmlxError
 from omlx.request import Finished, Usage
 from omlx.tool_parsers.base import TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
@@ -277,10 +278,7 @@ def _parse_input(arguments: str) -> dict[str, Any]:
 
 def to_sse(events: list[SseEvent]) -> str:
     """Named SSE events (``event:`` then ``data:``), the framing Anthropic clients require."""
-    return "".join(
-        f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
-        for name, data in events
-    )
+    return "".join([f"event: {name}\ndata: {json_compact(data)}\n\n" for name, data in events])
 
 
 def frame_events(builder: MessageBuilder, events: list[Any], finished: Finished | None = None,

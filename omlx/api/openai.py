@@ -32,34 +32,15 @@ from omlx.api.params import (
     parse_json_object,
     require_tool_dialect,
 )
-from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_data
-from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta, ToolCallArgsDelta, ToolCallStart
+from omlx.api.openai_framing import ChunkFramer, finish_reason, legacy_logprobs, logprob_json, usage_json
+from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
+from omlx.api.turn import ModelTurn
 from omlx.engine.chat import render_prompt
 from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
 from omlx.pool import PoolEntry
-from omlx.request import Failed, Finished, Request, SamplingParams, TokenLogprob, Usage
+from omlx.request import Request, SamplingParams
 
 bp = Blueprint("openai", url_prefix="/v1")
-
-
-def usage_json(u: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": u.num_prompt_tokens,
-        "completion_tokens": u.num_completion_tokens,
-        "total_tokens": u.num_prompt_tokens + u.num_completion_tokens,
-        # cached_tokens counts both tiers (OpenAI's meaning); the SSD tier's share is extra.
-        "prompt_tokens_details": {"cached_tokens": u.num_cached_tokens,
-                                  "cached_tokens_cold": u.num_cached_tokens_cold},
-    }
-
-
-def logprob_json(lp: TokenLogprob) -> dict[str, Any]:
-    return {
-        "token": lp.token,
-        "logprob": lp.logprob,
-        "bytes": lp.bytes,
-        "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in lp.top],
-    }
 
 
 def sampling_from_openai(body: dict[str, Any], entry: PoolEntry, num_prompt_tokens: int, *, chat: bool) -> SamplingParams:
@@ -285,12 +266,6 @@ async def _serve(http: HttpRequest, *, chat: bool):
         turn.close()
 
 
-def _finish_reason(f: Finished, num_tool_calls: int = 0) -> str:
-    if num_tool_calls:
-        return "tool_calls"
-    return "length" if f.finish_reason == "length" else "stop"
-
-
 def tool_call_json(c: Any) -> dict[str, Any]:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
@@ -306,7 +281,7 @@ async def _collect(turn: ModelTurn, p: _Prepared, rid: str, created: int, chat: 
     if fin is None:
         raise EngineError("generation ended without a result")
     want = p.request.sampling.logprobs
-    reason = _finish_reason(fin, len(res.tool_calls))
+    reason = finish_reason(fin, len(res.tool_calls))
     if chat:
         message: dict[str, Any] = {"role": "assistant", "content": res.content if (res.content or not res.tool_calls) else None}
         if res.reasoning:
@@ -321,7 +296,7 @@ async def _collect(turn: ModelTurn, p: _Prepared, rid: str, created: int, chat: 
         }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": res.content, "logprobs": _legacy_logprobs(res.logprobs) if want else None, "finish_reason": reason}
+        choice = {"index": 0, "text": res.content, "logprobs": legacy_logprobs(res.logprobs) if want else None, "finish_reason": reason}
         obj = "text_completion"
     return json_response({
         "id": rid, "object": obj, "created": created, "model": p.model_name,
@@ -329,67 +304,19 @@ async def _collect(turn: ModelTurn, p: _Prepared, rid: str, created: int, chat: 
     })
 
 
-def _legacy_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
-    offsets, pos = [], 0
-    for x in lps:
-        offsets.append(pos)
-        pos += len(x.token)
-    return {
-        "tokens": [x.token for x in lps],
-        "token_logprobs": [x.logprob for x in lps],
-        "top_logprobs": [{t.token: t.logprob for t in x.top} for x in lps],
-        "text_offset": offsets,
-    }
-
-
 async def _stream(http: HttpRequest, turn: ModelTurn, p: _Prepared, rid: str, created: int, chat: bool):
     resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    want_lp = p.request.sampling.logprobs
-
-    def chunk(choice: dict[str, Any] | None, usage: Any = None) -> str:
-        c: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": p.model_name,
-                             "choices": [] if choice is None else [choice]}
-        if p.include_usage:
-            c["usage"] = usage
-        return sse_data(c)
-
-    def delta_chunk(delta: dict[str, Any], lps: list[TokenLogprob] | None = None, finish: str | None = None) -> str:
-        if chat:
-            ch: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-            ch["logprobs"] = {"content": [logprob_json(x) for x in lps]} if (want_lp and lps) else None
-        else:
-            ch = {"index": 0, "text": delta.get("content", ""), "finish_reason": finish,
-                  "logprobs": _legacy_logprobs(lps) if (want_lp and lps) else None}
-        return chunk(ch)
-
+    framer = ChunkFramer(rid, created, p.model_name, chat=chat, include_usage=p.include_usage,
+                         want_logprobs=p.request.sampling.logprobs)
     if chat:
-        await resp.send(delta_chunk({"role": "assistant", "content": ""}))
-    async for ev in turn.events():
-        if ev is KEEPALIVE:
+        await resp.send(framer.role())
+    # One send per batch of engine events: all its chunks go out in one write.
+    async for batch in turn.batches():
+        if batch is KEEPALIVE:
             await resp.send(SSE_COMMENT_KEEPALIVE)
-        elif isinstance(ev, ContentDelta):
-            await resp.send(delta_chunk({"content": ev.text}, ev.logprobs))
-        elif isinstance(ev, ReasoningDelta):
-            if chat:
-                await resp.send(delta_chunk({"reasoning_content": ev.text}))
-        elif isinstance(ev, ToolCallStart):
-            # OpenAI: the first delta of a call carries index, id, type and name; later ones only
-            # index and argument fragments (no empty name).
-            await resp.send(delta_chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
-                                                          "function": {"name": ev.name, "arguments": ""}}]}))
-        elif isinstance(ev, ToolCallArgsDelta):
-            if ev.fragment:
-                await resp.send(delta_chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.fragment}}]}))
-        elif isinstance(ev, Failed):
-            err = ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error))
-            await resp.send(sse_data(err.openai_body()))
-            await resp.send("data: [DONE]\n\n")
-            break
-        elif isinstance(ev, Finished):
-            await resp.send(delta_chunk({} if chat else {"content": ""}, None, _finish_reason(ev, turn.num_tool_calls)))
-            if p.include_usage:
-                await resp.send(chunk(None, usage_json(ev.usage)))
-            await resp.send("data: [DONE]\n\n")
+            continue
+        out = "".join([framer.frame(ev, turn.num_tool_calls) for ev in batch])
+        if out:
+            await resp.send(out)
     await resp.eof()
     return None

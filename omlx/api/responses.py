@@ -441,8 +441,8 @@ async def create_response(http: HttpRequest):
             async for events in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish):
                 if events is KEEPALIVE:
                     await resp.send(SSE_COMMENT_KEEPALIVE)
-                elif events:
-                    await resp.send("".join(sse_event(e["type"], e) for e in events))
+                elif events:  # one send per batch of engine events
+                    await resp.send("".join([sse_event(e["type"], e) for e in events]))
             await resp.eof()
             return None  # already sent; returning it again makes Sanic log an error
         async for _ in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish, keepalive=False):
@@ -456,7 +456,8 @@ async def create_response(http: HttpRequest):
 
 async def frame_turn(turn: ModelTurn, b: ResponseBuilder, *, want_logprobs: bool = False,
                      on_finish: Callable[[], None] | None = None, keepalive: bool = True) -> AsyncIterator[Any]:
-    """A model turn's events -> lists of Responses stream events (or KEEPALIVE markers).
+    """A model turn's events -> lists of Responses stream events (or KEEPALIVE markers): the
+    start events, then one list per batch of engine events (`ModelTurn.batches`).
 
     Args:
         on_finish: called once the response is complete and before its last events are yielded
@@ -464,20 +465,23 @@ async def frame_turn(turn: ModelTurn, b: ResponseBuilder, *, want_logprobs: bool
             ``previous_response_id`` finds it).
     """
     yield b.start()
-    async for ev in turn.events(keepalive=keepalive):
-        if ev is KEEPALIVE:
+    async for batch in turn.batches(keepalive=keepalive):
+        if batch is KEEPALIVE:
             yield KEEPALIVE
-        elif isinstance(ev, Finished):
-            out = b.finish(ev.usage, ev.finish_reason)
-            if on_finish is not None:
-                on_finish()
-            yield out
-        elif isinstance(ev, Failed):
-            yield b.fail(ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error)))
-        elif isinstance(ev, ContentDelta) and want_logprobs and ev.logprobs:
-            yield b.feed(ev, [logprob_json(x) for x in ev.logprobs])
-        else:
-            yield b.feed(ev)
+            continue
+        out: list[dict[str, Any]] = []
+        for ev in batch:
+            if isinstance(ev, Finished):
+                out += b.finish(ev.usage, ev.finish_reason)
+                if on_finish is not None:
+                    on_finish()
+            elif isinstance(ev, Failed):
+                out += b.fail(ev.error if isinstance(ev.error, OmlxError) else EngineError(str(ev.error)))
+            elif isinstance(ev, ContentDelta) and want_logprobs and ev.logprobs:
+                out += b.feed(ev, [logprob_json(x) for x in ev.logprobs])
+            else:
+                out += b.feed(ev)
+        yield out
 
 
 @bp.post("/responses/input_tokens")

@@ -148,45 +148,74 @@ class ModelTurn:
             out += self._map_tool_events(self.parser.finish())
         return out
 
-    async def events(self, *, keepalive: bool = True, admitted: bool = False) -> AsyncIterator[Any]:
-        """Yield KEEPALIVE, ContentDelta, ReasoningDelta, ToolCall* events, then Finished or Failed.
+    async def batches(self, *, keepalive: bool = True, admitted: bool = False) -> AsyncIterator[Any]:
+        """Yield KEEPALIVE markers and non-empty lists of turn events (ContentDelta,
+        ReasoningDelta, ToolCall*, then Finished or Failed last), one list per batch of engine
+        events (`EventStream.batches`), so a protocol can write a whole list with one send.
 
         With ``admitted``, the engine's `Admitted` event (the prefix-cache hit) is passed on too.
         """
-        async for ev in self.stream.events(keepalive=keepalive):
-            if ev is KEEPALIVE:
-                yield ev
-            elif isinstance(ev, Admitted):
-                if admitted:
+        plain = self.parser is None and self.splitter is None
+        async for batch in self.stream.batches(keepalive=keepalive):
+            if batch is KEEPALIVE:
+                yield KEEPALIVE
+                continue
+            out: list[Any] = []
+            for ev in batch:
+                if isinstance(ev, TextDelta):
+                    if not plain:
+                        out += self._split(ev.text, ev.logprobs, final=False)
+                    elif ev.text or ev.logprobs:
+                        out.append(ContentDelta(ev.text, ev.logprobs))
+                elif isinstance(ev, Finished):
+                    out += self._split("", None, final=True)
+                    out.append(ev)
+                elif isinstance(ev, Failed):
+                    out.append(ev)
+                elif admitted and isinstance(ev, Admitted):
+                    out.append(ev)
+            if out:
+                yield out
+
+    async def events(self, *, keepalive: bool = True, admitted: bool = False) -> AsyncIterator[Any]:
+        """Yield KEEPALIVE, ContentDelta, ReasoningDelta, ToolCall* events, then Finished or Failed
+        (`batches`, one event at a time).
+
+        With ``admitted``, the engine's `Admitted` event (the prefix-cache hit) is passed on too.
+        """
+        async for batch in self.batches(keepalive=keepalive, admitted=admitted):
+            if batch is KEEPALIVE:
+                yield KEEPALIVE
+            else:
+                for ev in batch:
                     yield ev
-            elif isinstance(ev, TextDelta):
-                for out in self._split(ev.text, ev.logprobs, final=False):
-                    yield out
-            elif isinstance(ev, Finished):
-                for out in self._split("", None, final=True):
-                    yield out
-                yield ev
-            elif isinstance(ev, Failed):
-                yield ev
 
     async def collect(self) -> TurnResult:
         """Run the turn to the end (non-streaming)."""
         res = TurnResult()
         calls: dict[int, ToolCall] = {}
-        async for ev in self.events(keepalive=False):
-            if isinstance(ev, ContentDelta):
-                res.content += ev.text
-                if ev.logprobs:
-                    res.logprobs.extend(ev.logprobs)
-            elif isinstance(ev, ReasoningDelta):
-                res.reasoning += ev.text
-            elif isinstance(ev, ToolCallStart):
-                calls[ev.index] = ToolCall(ev.id, ev.name, "")
-            elif isinstance(ev, ToolCallArgsDelta):
-                calls[ev.index].arguments += ev.fragment
-            elif isinstance(ev, Finished):
-                res.finished = ev
-            elif isinstance(ev, Failed):
-                raise ev.error
+        content: list[str] = []  # joined once at the end (+= on a str copies it every token)
+        reasoning: list[str] = []
+        args: dict[int, list[str]] = {}
+        async for batch in self.batches(keepalive=False):
+            for ev in batch:
+                if isinstance(ev, ContentDelta):
+                    content.append(ev.text)
+                    if ev.logprobs:
+                        res.logprobs.extend(ev.logprobs)
+                elif isinstance(ev, ReasoningDelta):
+                    reasoning.append(ev.text)
+                elif isinstance(ev, ToolCallStart):
+                    calls[ev.index] = ToolCall(ev.id, ev.name, "")
+                    args[ev.index] = []
+                elif isinstance(ev, ToolCallArgsDelta):
+                    args[ev.index].append(ev.fragment)
+                elif isinstance(ev, Finished):
+                    res.finished = ev
+                elif isinstance(ev, Failed):
+                    raise ev.error
+        res.content, res.reasoning = "".join(content), "".join(reasoning)
+        for i, call in calls.items():
+            call.arguments = "".join(args[i])
         res.tool_calls = [calls[i] for i in sorted(calls)]
         return res

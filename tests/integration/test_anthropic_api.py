@@ -13,6 +13,7 @@ configured, so every request here also passes the key check.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import anthropic
@@ -157,8 +158,10 @@ def test_stream_helper_equals_create(client):
 
 
 def test_raw_stream_order_pings_and_cache_usage(server):
+    # A new prompt each run: the shared test home's SSD tier keeps the blocks of earlier runs,
+    # and a prompt restored from it has too little prefill left for a ping.
     body = {"model": MODEL_ID, "max_tokens": 8, "temperature": 0,
-            "messages": [{"role": "user", "content": "Summarize: " + "the cat sat on the mat. " * 50}]}
+            "messages": [{"role": "user", "content": f"Run {uuid.uuid4().hex}. Summarize: " + "the cat sat on the mat. " * 50}]}
     events = stream_events(server, body)
     check_stream(events)
     assert "ping" in [n for n, _ in events]  # keep-alive during the prefill (keepalive_s = 0.2)

@@ -203,9 +203,9 @@ class FakeStream:
     def close(self):
         pass
 
-    async def events(self, *, keepalive: bool = True):
-        for ev in self.evs:
-            yield ev
+    async def batches(self, *, keepalive: bool = True):
+        for ev in self.evs:  # one engine event per batch
+            yield [ev]
 
 
 def run_turn(turn: ModelTurn, builder: MessageBuilder) -> list:

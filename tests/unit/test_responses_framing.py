@@ -213,9 +213,9 @@ class FakeStream:
     def close(self):
         pass
 
-    async def events(self, *, keepalive=True):
-        for ev in self._events:
-            yield ev
+    async def batches(self, *, keepalive=True):
+        for ev in self._events:  # one engine event per batch
+            yield ev if ev is KEEPALIVE else [ev]
 
 
 def frame(engine_events, **turn_kw) -> tuple[ResponseBuilder, list]:
