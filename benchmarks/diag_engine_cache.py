@@ -1,0 +1,115 @@
+"""Where the engine thread's time goes with the prefix cache on (in-process, no HTTP).
+
+Loads a model the way ``omlx serve`` does (``load_chat_model``: prefix cache, SSD tier in a
+temporary base path, measured chunk sizes), then under cProfile on the engine thread:
+1. three cold ``--prompt-tokens`` prompts, one at a time (TTFT each);
+2. one decode stream alone, then the same with a cold long prompt arriving mid-stream (the
+   stream's inter-token gaps while the other prefills).
+Prints TTFTs, gap statistics and the engine thread's top functions by own time.
+Usage: python benchmarks/diag_engine_cache.py --model DIR [--no-ssd] [--no-cache]
+A diagnostic, not a benchmark of record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt-tokens", type=int, default=4096)
+    ap.add_argument("--no-ssd", action="store_true")
+    ap.add_argument("--no-cache", action="store_true")
+    a = ap.parse_args()
+
+    from omlx.config import ModelSettings, load_config
+    from omlx.engine.engine import Engine
+    from omlx.engine.factory import load_chat_model
+    from omlx.request import Failed, Finished, Request, SamplingParams, TextDelta
+
+    base = tempfile.mkdtemp(prefix="omlx-diag-")
+    flags = {"base_path": base, "cache.ssd_enabled": False if a.no_ssd else None,
+             "cache.enabled": False if a.no_cache else None}
+    cfg = load_config(flags, env={})
+    prof = cProfile.Profile()
+    orig = Engine._loop
+
+    def loop(self):
+        prof.enable()
+        try:
+            orig(self)
+        finally:
+            prof.disable()
+
+    Engine._loop = loop
+    entry = load_chat_model("diag", Path(a.model), ModelSettings(), cfg, warmup=True)
+    eng = entry.engine
+    rng = random.Random(0)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(100, 49000) for _ in range(n)]
+
+    def run(req: Request, times: list[float]) -> threading.Event:
+        done = threading.Event()
+
+        def sink(ev):
+            if isinstance(ev, TextDelta):
+                times.append(time.perf_counter())
+            elif isinstance(ev, (Finished, Failed)):
+                done.set()
+        eng.submit(req, sink)
+        return done
+
+    for i in range(3):
+        t: list[float] = []
+        t0 = time.perf_counter()
+        run(Request("diag", prompt(a.prompt_tokens), SamplingParams(max_tokens=1, temperature=0.0)), t).wait(120)
+        print(f"cold {a.prompt_tokens}-token TTFT {1e3 * (t[0] - t0):.1f} ms", flush=True)
+        time.sleep(0.5)
+
+    def gaps(ts: list[float]) -> list[float]:
+        return [1e3 * (b - x) for x, b in zip(ts, ts[1:])]
+
+    alone: list[float] = []
+    run(Request("diag", prompt(64), SamplingParams(max_tokens=200, temperature=0.0)), alone).wait(120)
+    g = gaps(alone)
+    print(f"decode alone: mean gap {statistics.mean(g):.2f} ms, p90 {sorted(g)[int(.9 * len(g))]:.2f}, "
+          f"max {max(g):.1f}", flush=True)
+    beside: list[float] = []
+    d = run(Request("diag", prompt(64), SamplingParams(max_tokens=200, temperature=0.0)), beside)
+    while len(beside) < 20:
+        time.sleep(0.001)
+    other: list[float] = []
+    t0 = time.perf_counter()
+    o = run(Request("diag", prompt(a.prompt_tokens), SamplingParams(max_tokens=1, temperature=0.0)), other)
+    o.wait(120)
+    d.wait(120)
+    t1 = other[0]
+    during = [1e3 * (b - x) for x, b in zip(beside, beside[1:]) if x >= t0 and b <= t1 + 0.001]
+    print(f"beside a {a.prompt_tokens}-token prefill (TTFT {1e3 * (t1 - t0):.1f} ms): {len(during)} gaps, "
+          f"mean {statistics.mean(during) if during else float('nan'):.2f} ms, max {max(during, default=0):.1f}",
+          flush=True)
+    eng.stop()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+    print(s.getvalue()[-6000:], flush=True)
+    s = io.StringIO()
+    st = pstats.Stats(prof, stream=s)
+    st.sort_stats("cumtime").print_stats("omlx", 22)
+    print(s.getvalue()[-5000:], flush=True)
+    import os
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
