@@ -460,11 +460,12 @@ def measure_step_sizes(model: Any, block_size: int, *, max_step: int = 4096, min
     ``max_probe_s`` or ``max_step`` is reached. The alone size is the longest chunk, at least
     ``block_size``, up to which each doubling still gave ``min_gain`` times the tokens/s: an
     accelerator needs long chunks to be efficient, a CPU is compute-bound long before a block
-    and keeps ``block_size``. The mixed size is the longest chunk (at least 32 tokens) that costs no
-    more than one batch-1 decode step, or than 1.25 times the cheapest chunk (on an
-    accelerator a short chunk is all fixed cost: 32 and 512 tokens took the same ~11 ms for a
-    3B model on an H200), so a stream decoding beside a prefill is slowed as little as the
-    device allows. Costs a few forward passes (a fraction of a second on an
+    and keeps ``block_size``. The mixed size is the longest chunk (at least 32 tokens) that costs at
+    most twice the larger of a batch-1 decode step and the cheapest chunk: on an accelerator a
+    short chunk is nearly all fixed cost (3B model, H200: 32 to 512 tokens ~11 ms, 2048 ~26 ms;
+    beside a decoding stream a step took 22-27 ms with a 128-token chunk and 30 ms with 2048,
+    `benchmarks/diag_interference.py`), so tiny chunks would only stretch a prefill over many
+    slowed steps; on a CPU, where time grows with every token, it stays short. Costs a few forward passes (a fraction of a second on an
     accelerator; ~1.5 s on 2 CPU cores with a 135M model).
     """
     def timed(n: int, cache_tokens: int = 0) -> float:
@@ -487,7 +488,7 @@ def measure_step_sizes(model: Any, block_size: int, *, max_step: int = 4096, min
         alone, mixed, n = block_size, 32, 32
         while n <= max_step:
             chunk[n] = t = timed(n)
-            if t <= max(decode_s, 1.25 * min(chunk.values())):
+            if t <= 2 * max(decode_s, min(chunk.values())):
                 mixed = n
             half = chunk.get(n // 2)
             if n > block_size and half is not None:
