@@ -147,3 +147,21 @@ def qwen_model_dir() -> Path:
                 raise RuntimeError(f"joined Qwen GGUF has sha256 {digest}, expected 1d961463...ff32")
             part.replace(gguf)
     return import_model(gguf, models, QWEN_ID, progress=False)
+
+
+class BatchedFake:
+    """An API-side event stream whose engine batches are given (one list per batch): the
+    protocol framing tests feed it instead of an engine."""
+
+    def __init__(self, batches):
+        self._batches = batches
+
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
+    async def batches(self, *, keepalive=True):
+        for b in self._batches:
+            yield b

@@ -13,6 +13,7 @@ from omlx.api.openai_framing import SSE_DONE, ChunkFramer, legacy_logprobs, logp
 from omlx.api.turn import ModelTurn, ToolCallArgsDelta, ToolCallEnd, ToolCallStart
 from omlx.errors import EngineError
 from omlx.request import Failed, Finished, TextDelta, TokenLogprob, Usage
+from tests.helpers import BatchedFake
 
 TEXTS = ["", "Hello", " world", 'say "hi"\\n', "line\nbreak\ttab", "naïve café ✓ 日本語 🙂", "\u2028\x00\x1f", "</script>"]
 LPS = [TokenLogprob("Hé", -0.25, [72, 195, 169], [TokenLogprob("Hé", -0.25, [72, 195, 169]), TokenLogprob("x", -3.5, [120])])]
@@ -73,19 +74,6 @@ def test_frame_writes_the_stream_end_and_errors_as_before():
     assert args["choices"][0]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}
 
 
-class BatchedFake:
-    def __init__(self, batches):
-        self._batches = batches
-
-    def start(self):
-        pass
-
-    def close(self):
-        pass
-
-    async def batches(self, *, keepalive=True):
-        for b in self._batches:
-            yield b
 
 
 def test_the_stream_does_not_depend_on_how_engine_events_are_batched():

@@ -17,6 +17,7 @@ import pytest
 from omlx.api.sse import KEEPALIVE, EventStream
 from omlx.api.turn import ContentDelta, ModelTurn, ToolCallStart
 from omlx.request import Admitted, Failed, Finished, PrefillProgress, Request, SamplingParams, TextDelta, Usage
+from tests.helpers import BatchedFake
 
 USAGE = Usage(3, 0)
 
@@ -326,21 +327,6 @@ def test_racing_producer_and_slow_consumer_lose_nothing():
     assert run(go()) == sent
 
 
-class BatchedFake:
-    """A stream whose engine batches are given (one list per batch)."""
-
-    def __init__(self, batches):
-        self._batches = batches
-
-    def start(self):
-        pass
-
-    def close(self):
-        pass
-
-    async def batches(self, *, keepalive=True):
-        for b in self._batches:
-            yield b
 
 
 TOOLS = [{"type": "function", "function": {"name": "write", "parameters": {
