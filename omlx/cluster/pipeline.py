@@ -19,7 +19,7 @@ Data flow of one forward (``B, L = inputs.shape``, ``D`` = hidden size, ``V`` = 
     rank N-1:   logits = head(norm(h[:, -1:]))         (B, 1, V)
     every rank: logits = all_sum(logits or zeros)      so every rank samples the same token
 
-Only the last position's logits are computed: mlx-lm's BatchGenerator reads ``logits[:, -1]``
+Only the last position's logits are computed: omlx's BatchRunner reads ``logits[:, -1]``
 and feeds every sampled step as ``L = 1``, so they equal the single-node logits bit for bit.
 """
 

@@ -7,7 +7,7 @@ prompt tokens come from the cache (`agree_num_cached`, pure), rank 0's `ClusterP
 and the followers' `FollowerPrefixCache`. Must not: speak HTTP, choose layer ranges, or run the
 generator (``omlx.cluster.worker`` does).
 
-Why the ranks must agree. The ranks replay one BatchGenerator call sequence, so every rank must
+Why the ranks must agree. The ranks replay one BatchRunner call sequence, so every rank must
 insert a request with the same number of cached tokens (the segments, hence the forward
 passes and collectives, follow from it). Each rank's tiers hold a different history (a rank's
 hot budget, evictions or SSD restores differ), so at admission rank 0 broadcasts a lookup (the

@@ -1,6 +1,6 @@
 """Per-request samplers and logits processors, built from mlx-lm's pieces.
 
-Greedy requests share one sampler object so mlx-lm's BatchGenerator samples them in one
+Greedy requests share one sampler object so omlx's BatchRunner samples them in one
 batched call; a request with temperature > 0 gets its own sampler. A ``seed`` gives the
 request its own PRNG key chain (``mx.random.split``), so its samples do not depend on what
 else is in the batch.
