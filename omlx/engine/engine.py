@@ -285,8 +285,7 @@ class Engine:
     # ---- engine thread ----------------------------------------------------------------
 
     def _new_generator(self) -> BatchRunner:
-        pc = self.prefix_cache
-        hook = self._on_prefill_chunk if pc is not None and getattr(pc, "cache_blocks", None) is not None else None
+        hook = self._on_prefill_chunk if self._caches_blocks_early() else None
         return BatchRunner(
             self.model,
             stop_tokens=[(t,) for t in self.tokenizer.eos_token_ids],
@@ -638,32 +637,35 @@ class Engine:
             self._finish(st, "stop" if is_eos else "length", remove=False,
                          prompt_cache=r.prompt_cache, all_tokens=r.all_tokens)
 
+    def _caches_blocks_early(self) -> bool:
+        """The prefix cache takes blocks while a request runs (``cache_blocks``); the cluster's
+        does not (its followers see a sequence's caches only at its end)."""
+        return getattr(self.prefix_cache, "cache_blocks", None) is not None
+
+    def _cache_blocks(self, st: _Running, caches: list[Any], num_tokens: int) -> None:
+        """Register ``st``'s full blocks among its first ``num_tokens`` tokens (KV in ``caches``)."""
+        try:
+            self.prefix_cache.cache_blocks(  # type: ignore[union-attr]
+                st.lease, caches, list(st.request.prompt_token_ids) + st.generated_ids, num_tokens)
+        except Exception:
+            logger.exception("could not cache the blocks of %s", st.request.request_id)
+
     def _on_prefill_chunk(self, uid: int, caches: list[Any], num_tokens: int) -> None:
         """Runner hook: a prefill chunk finished; its full blocks go to the prefix cache now, so
         a request behind this one that shares the prefix hits them while this one runs."""
         st = self._by_uid.get(uid)
-        pc = self.prefix_cache
-        if st is None or st.lease is None or pc is None:
-            return
-        try:
-            pc.cache_blocks(st.lease, caches, list(st.request.prompt_token_ids), num_tokens)  # type: ignore[attr-defined]
-        except Exception:
-            logger.exception("could not cache the prefill blocks of %s", st.request.request_id)
+        if st is not None and st.lease is not None:
+            self._cache_blocks(st, caches, num_tokens)
 
     def _cache_decoded_block(self, st: _Running, r: Any) -> None:
         """When decode fills a block, register it now (a long answer's blocks serve the next
         turn or a retry before the request ends)."""
-        pc = self.prefix_cache
         num_kv = st.request.num_prompt_tokens + st.num_generated
-        if (st.lease is None or pc is None or r.finish_reason is not None or num_kv % self.block_size
-                or getattr(pc, "cache_blocks", None) is None):
+        if st.lease is None or r.finish_reason is not None or num_kv % self.block_size or not self._caches_blocks_early():
             return
         caches = self._gen.decode_caches(r.uid)
         if caches is not None:
-            try:
-                pc.cache_blocks(st.lease, caches, list(st.request.prompt_token_ids) + st.generated_ids, num_kv)
-            except Exception:
-                logger.exception("could not cache a decoded block of %s", st.request.request_id)
+            self._cache_blocks(st, caches, num_kv)
 
     def _observe_prefill(self, st: _Running, now: float) -> None:
         """Give the cache's restore cost model a real prefill rate: only a request that was

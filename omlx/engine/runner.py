@@ -63,7 +63,6 @@ class PromptResponse:
 
     uid: int
     progress: tuple[int, int]
-    end_of_segment: bool
     end_of_prompt: bool
 
 
@@ -329,7 +328,7 @@ class BatchRunner:
             # No sync: the chunk runs while the host builds the next step's graph.
             mx.async_eval([c.state for c in s.cache])
             self._report(s, len(s.tokens))
-            return [PromptResponse(s.uid, (done, s.num_prompt), True, False)]
+            return [PromptResponse(s.uid, (done, s.num_prompt), False)]
         logits = self.model(x, cache=s.cache)[:, -1, :]
         if s.processors:
             s.context = TokenBuffer(s.tokens)
@@ -339,7 +338,7 @@ class BatchRunner:
         self._prefill.popleft()
         s.first = (y, lp)
         self._joining.append(s)
-        return [PromptResponse(s.uid, (done, s.num_prompt), True, True)]
+        return [PromptResponse(s.uid, (done, s.num_prompt), True)]
 
     def _report(self, s: _Seq, num_tokens: int) -> None:
         """Queue the chunk hook; it runs at the end of the next step, when the chunk's KV has
@@ -402,10 +401,9 @@ class BatchRunner:
             elif s.num_generated >= s.max_tokens:
                 reason = "length"
             r = TokenResponse(s.uid, t, lp_in, i, reason)
-            if reason is not None:
-                j = self._rows.index(s)
-                r.prompt_cache, r.all_tokens = self._extract(j), list(s.tokens)
-                done.append(j)
+            if reason is not None:  # rows is self._rows as it stands until _drop_rows below
+                r.prompt_cache, r.all_tokens = self._extract(i), list(s.tokens)
+                done.append(i)
             out.append(r)
         if done:
             self._drop_rows(done)
@@ -418,7 +416,8 @@ class BatchRunner:
         return [c.extract(row) for c in self._cache]
 
     def _drop_rows(self, rows: list[int]) -> None:
-        keep = [i for i in range(len(self._rows)) if i not in set(rows)]
+        gone = set(rows)
+        keep = [i for i in range(len(self._rows)) if i not in gone]
         self._rows = [self._rows[i] for i in keep]
         if not keep:
             self._rows, self._cache, self._y, self._lp, self._merged = [], [], None, None, False
