@@ -30,7 +30,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor
 from omlx.engine.output import OutputState, token_bytes
-from omlx.engine.runner import BatchRunner, StepSizes, measure_step_sizes
+from omlx.engine.runner import BatchRunner, StepSizes, measured_step_sizes
 from omlx.engine.sampling import make_processors, make_sampler
 from omlx.errors import ClusterUnavailableError, EngineError
 from omlx.request import (
@@ -143,7 +143,8 @@ class Engine:
         prefill_step_size: most prompt tokens one forward pass processes per sequence.
         mixed_step_size: the same while other requests decode (default: ``prefill_step_size``).
         measure_steps: choose both step sizes by measuring the model on this device when the
-            engine thread starts (`omlx.engine.runner.measure_step_sizes`; logged).
+            engine thread starts (`omlx.engine.runner.measured_step_sizes`: once per model shape
+            and device in the process; logged).
         fault_plan: test-only injected faults (``OMLX_TEST_FAULT``, omlx.engine.faults); None
             in production.
     """
@@ -298,15 +299,17 @@ class Engine:
     def _measure_steps(self) -> None:
         """Pick the prefill chunk sizes for this model on this device (engine thread, once)."""
         try:
-            sizes = measure_step_sizes(self.model, self.block_size, max_step=max(self.prefill_step_size, self.block_size))
+            sizes, reused = measured_step_sizes(self.model, self.block_size,
+                                                max_step=max(self.prefill_step_size, self.block_size))
         except Exception:
             logger.exception("could not measure prefill chunk sizes; keeping %d", self.prefill_step_size)
             return
         self.step_sizes = sizes
         self.prefill_step_size, self.mixed_step_size = sizes.prefill_step_size, sizes.mixed_step_size
         logger.info("%s: prefill chunk %d tokens alone, %d beside decoding streams (decode step %.1f ms; "
-                    "chunk ms by size %s)", self.model_id, sizes.prefill_step_size, sizes.mixed_step_size,
-                    sizes.decode_step_ms, {k: round(v, 1) for k, v in sizes.chunk_ms.items()})
+                    "chunk ms by size %s%s)", self.model_id, sizes.prefill_step_size, sizes.mixed_step_size,
+                    sizes.decode_step_ms, {k: round(v, 1) for k, v in sizes.chunk_ms.items()},
+                    "; measured at an earlier load of this model shape" if reused else "")
 
     def _loop(self) -> None:
         if self.measure_steps:

@@ -280,3 +280,19 @@ def test_a_block_filled_by_decode_is_cached_before_the_request_ends(model, token
         assert _usage(follow).num_cached_tokens == 64  # the block decode filled (40 prompt + 24 generated)
     finally:
         eng.stop()
+
+
+def test_step_sizes_measured_once_per_model_shape(model, monkeypatch):
+    """A second load of the same model shape reuses the measurement (no new forward passes)."""
+    from omlx.engine import runner
+
+    monkeypatch.setattr(runner, "_MEASURED", {})
+    first, reused = runner.measured_step_sizes(model, 64, max_step=256)
+    assert not reused
+    calls = []
+    real = runner.measure_step_sizes
+    monkeypatch.setattr(runner, "measure_step_sizes", lambda *a, **k: calls.append(a) or real(*a, **k))
+    again, reused = runner.measured_step_sizes(model, 64, max_step=256)
+    assert reused and again is first and not calls
+    _, reused = runner.measured_step_sizes(model, 128, max_step=256)  # another block size: measured
+    assert not reused and len(calls) == 1
