@@ -117,12 +117,13 @@ def main() -> None:
             from omlx.cache.hashing import Namespace, make_kv_format
             from omlx.cache.paged import BlockPool
             from omlx.cache.tiered import TieredCache
+            from omlx.engine.cache_spec import CacheSpec
             from omlx.engine.kv_cache import MlxPayloadCodec, PrefixCacheTiers
             from mlx.utils import tree_flatten
             dt = str(tree_flatten(model.parameters())[0][1].dtype).removeprefix("mlx.core.")
             ns = Namespace("bench", "tok", make_kv_format(dt, None, None, "KVCache"), 0, len(model.layers))
             pc = PrefixCacheTiers(TieredCache(BlockPool(max_bytes=8 * 10**9, block_size=256), ns,
-                                              MlxPayloadCodec(dt)), len(model.layers))
+                                              MlxPayloadCodec(dt)), CacheSpec.plain(len(model.layers)))
         eng = Engine("bench", model, tok, scheduler=Scheduler(8, 64), prefix_cache=pc,
                      prefill_step_size=sizes.prefill_step_size, mixed_step_size=sizes.mixed_step_size)
         eng.start()

@@ -90,9 +90,17 @@ def health_report(pool: EnginePool, status: dict[str, Any]) -> tuple[dict[str, A
             "request_failures": e.engine.num_request_failures,
             "retried_requests": e.engine.num_retried_requests,
             "prefix_cache": e.cache_note or "on",
+            "cache_layout": _cache_layout(e),
         })
     body = {"status": "ok" if ok else "unhealthy", "models": models, **status}
     return body, 200 if ok else 503
+
+
+def _cache_layout(entry: Any) -> str:
+    """The model's per-layer cache kinds (``omlx.engine.cache_spec.describe``, e.g. ``A*6,W512k0*20``)
+    when its prefix cache is on, else the names of its cache classes."""
+    spec = getattr(entry.engine.prefix_cache, "spec", None)
+    return spec.describe() if spec is not None else ",".join(sorted(set(entry.loaded.cache_classes)))
 
 
 def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], name: str = "omlx") -> Sanic:

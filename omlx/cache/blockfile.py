@@ -5,28 +5,34 @@ validation, the atomic write (temp file in the same folder, fsync, ``os.replace`
 the folder) and the naming of files and temp files. It uses numpy and safetensors only; it
 must not import mlx, keep an index or decide anything about budgets (``omlx.cache.ssd``).
 
-Format (safetensors, https://huggingface.co/docs/safetensors/index#format): ONE tensor ``kv``
-of shape ``(num_layers, 2, n_kv_heads, num_tokens, head_dim)``, block-major: layer ``l`` of the
-namespace's layer range (``layer_start + l``) has its keys at ``kv[l, 0]`` and its values at
+Format (safetensors, https://huggingface.co/docs/safetensors/index#format): named tensors.
+The common one is ``kv`` of shape ``(num_layers, 2, n_kv_heads, num_tokens, head_dim)``,
+block-major: the namespace's attention layers in order, keys at ``kv[l, 0]`` and values at
 ``kv[l, 1]``, in the KV dtype (``BF16`` is stored as itself; numpy, which has no bfloat16, sees
-its bits as uint16). The header is written here (JSON, padded with spaces to a multiple of 8
-bytes, as the spec allows) and the tensor bytes straight from the host buffer, so a write holds
+its bits as uint16). Cache layouts with other kinds of layers (``omlx.engine.cache_spec``)
+add or replace tensors: ``k.{layer}`` / ``v.{layer}`` ``(heads, num_tokens, dim)`` when keys
+and values differ in shape (MLA), and ``state.{layer}.{i}`` (a recurrent layer's state at the
+block's end; any shape). Every tensor without the ``state.`` prefix has the token axis second
+to last. The header is written here (JSON, padded with spaces to a multiple of 8
+bytes, as the spec allows) and the tensor bytes straight from the host buffers, so a write holds
 the GIL only for the small header: CRC-32, ``write`` and ``fsync`` release it. Any safetensors
 reader (``safetensors.safe_open``) reads the file. String metadata:
 
     format          "omlx.kv_block"
     format_version  SSD_FORMAT_VERSION
-    namespace       Namespace.to_json() (model, tokenizer, KV format, layer range, key version)
+    namespace       Namespace.to_json() (model, tokenizer, KV format and cache layout, layer range, key version)
     block_hash      hex of the chained block key (also the file name)
     parent_hash     hex of the previous block's key (the namespace key for block 0)
     token_ids       JSON list of the block's token ids
     num_tokens      len(token_ids)
-    layer_start, layer_end, dtype
+    layer_start, layer_end, dtype (the KV dtype)
+    dtypes          JSON object, tensor name -> dtype name (absent in files with ``kv`` only: dtype)
     layout          "layer,kv,head,token,dim" (the axes of ``kv``)
-    checksum        "crc32:" + 8 hex digits: CRC-32 (zlib, ISO-HDLC) over the tensor bytes
+    checksum        "crc32:" + 8 hex digits: CRC-32 (zlib, ISO-HDLC) over the tensor bytes in file order
 
 Versions: 1 had per-layer tensors ``layer.{i}.keys|values`` and a sha256 checksum; 2 the same
-tensors with CRC-32; 3 the single block-major tensor. Files of any other version are deleted
+tensors with CRC-32; 3 the single block-major tensor (plus, for non-plain cache layouts, the named
+tensors above: their namespaces are new, so no older reader meets them). Files of any other version are deleted
 when met (counted, and summed up in one warning at start), never read.
 
 A block stores only its own tokens, never its prefix: bytes on disk grow linearly with unique
@@ -80,6 +86,7 @@ SSD_FORMAT_VERSION = 3
 FORMAT_NAME = "omlx.kv_block"
 LAYOUT = "layer,kv,head,token,dim"
 TENSOR_NAME = "kv"
+STATE_PREFIX = "state."
 BLOCK_SUFFIX = ".safetensors"
 TMP_SUFFIX = ".tmp"
 _MAX_HEADER_BYTES = 16 * 1024 * 1024
@@ -108,19 +115,31 @@ class OldFormatError(BadBlockError):
         self.version = version
 
 
-@dataclass(slots=True)
 class HostBlock:
-    """One block's KV in host memory, as one numpy array.
+    """One block's tensors in host memory (numpy).
 
-    Attributes:
-        dtype: KV dtype name, a key of :data:`DTYPES` (``"bfloat16"`` arrays are uint16 bit
-            patterns).
-        kv: C-contiguous ``(num_layers, 2, n_kv_heads, num_tokens, head_dim)``: keys at
-            ``kv[:, 0]``, values at ``kv[:, 1]``.
+    Per-token tensors have the token axis second to last: ``kv`` (the common case) is
+    C-contiguous ``(num_layers, 2, n_kv_heads, num_tokens, head_dim)``, keys at ``kv[:, 0]``
+    and values at ``kv[:, 1]``; layouts whose layers differ (``omlx.engine.cache_spec``) use
+    ``k.{layer}`` / ``v.{layer}`` of ``(heads, num_tokens, dim)``. Tensors named
+    ``state.{layer}.{i}`` are a recurrent layer's state snapshot at the block's end (no token
+    axis). ``"bfloat16"`` arrays are uint16 bit patterns.
+
+    Args:
+        dtype: the KV dtype name (a key of :data:`DTYPES`), of ``kv``.
+        kv: the ``kv`` tensor, or None when ``tensors`` holds everything.
+        tensors: more tensors, name -> (dtype name, array).
     """
 
-    dtype: str
-    kv: np.ndarray
+    __slots__ = ("tensors",)
+
+    def __init__(self, dtype: str | None = None, kv: np.ndarray | None = None,
+                 tensors: dict[str, tuple[str, np.ndarray]] | None = None):
+        self.tensors: dict[str, tuple[str, np.ndarray]] = {}
+        if kv is not None:
+            self.tensors[TENSOR_NAME] = (dtype or "float32", kv)
+        if tensors:
+            self.tensors.update(tensors)
 
     @classmethod
     def from_layers(cls, dtype: str, layers: Sequence[tuple[np.ndarray, np.ndarray]]) -> HostBlock:
@@ -129,14 +148,26 @@ class HostBlock:
         return cls(dtype, np.ascontiguousarray(np.stack([np.stack([k[0], v[0]]) for k, v in layers])))
 
     @property
+    def dtype(self) -> str:
+        """The KV dtype (of the first per-token tensor)."""
+        for name, (dtype, _) in self.tensors.items():
+            if not name.startswith(STATE_PREFIX):
+                return dtype
+        return next(iter(self.tensors.values()))[0]
+
+    @property
+    def kv(self) -> np.ndarray:
+        return self.tensors[TENSOR_NAME][1]
+
+    @property
     def layers(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        """Per-layer ``(keys, values)`` views, each ``(1, n_kv_heads, num_tokens, head_dim)``."""
+        """Per-layer ``(keys, values)`` views of ``kv``, each ``(1, n_kv_heads, num_tokens, head_dim)``."""
         return tuple((self.kv[i, 0][None], self.kv[i, 1][None]) for i in range(self.kv.shape[0]))
 
     @property
     def num_bytes(self) -> int:
-        """Bytes of the tensor."""
-        return int(self.kv.nbytes)
+        """Bytes of all tensors."""
+        return int(sum(a.nbytes for _, a in self.tensors.values()))
 
     @property
     def num_layers(self) -> int:
@@ -144,8 +175,11 @@ class HostBlock:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens in the block (axis 3)."""
-        return int(self.kv.shape[3])
+        """Tokens in the block (the per-token tensors' second-to-last axis)."""
+        for name, (_, a) in self.tensors.items():
+            if not name.startswith(STATE_PREFIX):
+                return int(a.shape[-2])
+        return 0
 
 
 def block_path(root: Path, namespace: Namespace, block_hash: bytes) -> Path:
@@ -167,15 +201,21 @@ class EncodedBlock:
     block_hash: bytes
     header: bytes
     data: memoryview
+    more: tuple[memoryview, ...] = ()
+
+    @property
+    def buffers(self) -> tuple[memoryview, ...]:
+        """The tensor bytes in file order (``data``, then ``more``)."""
+        return (self.data, *self.more)
 
     @property
     def num_bytes(self) -> int:
         """Size of the file in bytes."""
-        return len(self.header) + self.data.nbytes
+        return len(self.header) + sum(b.nbytes for b in self.buffers)
 
     def to_bytes(self) -> bytes:
         """The whole file in one bytes object (copies; tests and tools)."""
-        return self.header + self.data.tobytes()
+        return self.header + b"".join(b.tobytes() for b in self.buffers)
 
 
 def encode_block_parts(
@@ -204,20 +244,32 @@ def encode_block_parts(
     tokens = [int(t) for t in token_ids]
     if block_hash is None:
         block_hash = hash_block(parent_hash, tokens)
-    if host.dtype not in DTYPES:
-        raise ValueError(f"unsupported KV dtype {host.dtype!r}; expected one of {sorted(DTYPES)}")
-    code, storage = DTYPES[host.dtype]
-    kv = host.kv
+    if not host.tensors:
+        raise ValueError("a block needs at least one tensor")
     num_layers = namespace.layer_end - namespace.layer_start
-    if kv.dtype != storage or kv.ndim != 5 or kv.shape[0] != num_layers or kv.shape[1] != 2 or kv.shape[3] != len(tokens):
-        raise ValueError(
-            f"kv: got {kv.dtype}{kv.shape}, expected {np.dtype(storage)} "
-            f"({num_layers}, 2, heads, {len(tokens)}, head_dim)"
-        )
-    if not kv.flags.c_contiguous:
-        kv = np.ascontiguousarray(kv)
-    data = memoryview(kv).cast("B")
-    checksum = zlib.crc32(data)  # releases the GIL (buffers over 5 KiB)
+    entries: dict[str, dict] = {}
+    buffers: list[memoryview] = []
+    checksum, offset = 0, 0
+    for name in sorted(host.tensors):
+        dtype, a = host.tensors[name]
+        if dtype not in DTYPES:
+            raise ValueError(f"{name}: unsupported dtype {dtype!r}; expected one of {sorted(DTYPES)}")
+        code, storage = DTYPES[dtype]
+        if a.dtype != storage:
+            raise ValueError(f"{name}: got {a.dtype}, expected {np.dtype(storage)} for {dtype}")
+        if name == TENSOR_NAME and (a.ndim != 5 or a.shape[0] > num_layers or a.shape[1] != 2
+                                    or a.shape[3] != len(tokens)):
+            raise ValueError(f"kv: got {a.dtype}{a.shape}, expected (at most {num_layers} layers, 2, heads, "
+                             f"{len(tokens)}, head_dim)")
+        if not name.startswith(STATE_PREFIX) and (a.ndim < 2 or a.shape[-2] != len(tokens)):
+            raise ValueError(f"{name}: shape {a.shape} does not hold {len(tokens)} tokens on axis -2")
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        data = memoryview(a).cast("B")
+        checksum = zlib.crc32(data, checksum)  # releases the GIL (buffers over 5 KiB)
+        entries[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [offset, offset + data.nbytes]}
+        offset += data.nbytes
+        buffers.append(data)
     metadata = {
         "format": FORMAT_NAME,
         "format_version": str(SSD_FORMAT_VERSION),
@@ -229,16 +281,14 @@ def encode_block_parts(
         "layer_start": str(namespace.layer_start),
         "layer_end": str(namespace.layer_end),
         "dtype": host.dtype,
+        "dtypes": json.dumps({n: host.tensors[n][0] for n in sorted(host.tensors)}, separators=(",", ":")),
         "layout": LAYOUT,
         "checksum": _checksum_text(checksum),
     }
-    header = {
-        "__metadata__": metadata,
-        TENSOR_NAME: {"dtype": code, "shape": list(kv.shape), "data_offsets": [0, data.nbytes]},
-    }
+    header = {"__metadata__": metadata, **entries}
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     text += b" " * (-(8 + len(text)) % 8)  # the spec's padding: tensor data starts 8-aligned
-    return EncodedBlock(block_hash, struct.pack("<Q", len(text)) + text, data)
+    return EncodedBlock(block_hash, struct.pack("<Q", len(text)) + text, buffers[0], tuple(buffers[1:]))
 
 
 def encode_block(
@@ -383,30 +433,41 @@ def decode_block(
     header = parse_header(data, len(data))
     meta = header.metadata
     parent, tokens = check_metadata(meta, namespace, block_hash, parent_hash, token_ids, dtype)
-    block_dtype = meta["dtype"]
-    code, storage = DTYPES[block_dtype]
-    itemsize = np.dtype(storage).itemsize
-    if set(header.tensors) != {TENSOR_NAME}:
-        raise BadBlockError(f"tensors {sorted(header.tensors)}, expected only {TENSOR_NAME!r}")
-    info = header.tensors[TENSOR_NAME]
-    shape = info.get("shape")
+    try:
+        dtypes = json.loads(meta["dtypes"]) if "dtypes" in meta else {TENSOR_NAME: meta["dtype"]}
+    except ValueError as exc:
+        raise BadBlockError(f"dtypes metadata is not JSON: {exc}") from exc
+    if not isinstance(dtypes, dict) or set(dtypes) != set(header.tensors):
+        raise BadBlockError(f"tensors {sorted(header.tensors)} do not match the dtypes metadata")
     num_layers = namespace.layer_end - namespace.layer_start
-    if info.get("dtype") != code:
-        raise BadBlockError(f"kv: dtype {info.get('dtype')!r}, expected {code}")
-    if not (isinstance(shape, list) and len(shape) == 5 and all(isinstance(x, int) and x >= 0 for x in shape)):
-        raise BadBlockError(f"kv: shape {shape!r} is not (layers, 2, heads, tokens, head_dim)")
-    if shape[0] != num_layers or shape[1] != 2 or shape[3] != len(tokens):
-        raise BadBlockError(f"kv: shape {shape} does not hold {num_layers} layers of {len(tokens)} tokens")
-    begin, end = info["data_offsets"]
-    if end - begin != int(np.prod(shape)) * itemsize:
-        raise BadBlockError(f"kv: {end - begin} bytes for shape {shape}")
     base = 8 + header.header_len
-    chunk = memoryview(data)[base + begin : base + end]
-    checksum = zlib.crc32(chunk)  # releases the GIL: reader threads overlap
+    view = memoryview(data)
+    checksum = 0
+    tensors: dict[str, tuple[str, np.ndarray]] = {}
+    for name, info in sorted(header.tensors.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        dtype = dtypes[name]
+        if dtype not in DTYPES:
+            raise BadBlockError(f"{name}: dtype {dtype!r} is not one of {sorted(DTYPES)}")
+        code, storage = DTYPES[dtype]
+        shape = info.get("shape")
+        if info.get("dtype") != code:
+            raise BadBlockError(f"{name}: dtype {info.get('dtype')!r}, expected {code}")
+        if not (isinstance(shape, list) and all(isinstance(x, int) and x >= 0 for x in shape)):
+            raise BadBlockError(f"{name}: shape {shape!r} is not a list of sizes")
+        if name == TENSOR_NAME and (len(shape) != 5 or shape[0] > num_layers or shape[1] != 2
+                                    or shape[3] != len(tokens)):
+            raise BadBlockError(f"kv: shape {shape} does not hold at most {num_layers} layers of {len(tokens)} tokens")
+        if not name.startswith(STATE_PREFIX) and (len(shape) < 2 or shape[-2] != len(tokens)):
+            raise BadBlockError(f"{name}: shape {shape} does not hold {len(tokens)} tokens")
+        begin, end = info["data_offsets"]
+        if end - begin != int(np.prod(shape)) * np.dtype(storage).itemsize:
+            raise BadBlockError(f"{name}: {end - begin} bytes for shape {shape}")
+        chunk = view[base + begin : base + end]
+        checksum = zlib.crc32(chunk, checksum)  # releases the GIL: reader threads overlap
+        tensors[name] = (dtype, np.frombuffer(chunk, dtype=storage).reshape(shape))
     if meta.get("checksum") != _checksum_text(checksum):
         raise BadBlockError("content checksum mismatch (corrupted tensor data)")
-    kv = np.frombuffer(chunk, dtype=storage).reshape(shape)
-    return HostBlock(block_dtype, kv), parent, tokens
+    return HostBlock(tensors=tensors), parent, tokens
 
 
 def fsync_dir(path: Path) -> None:

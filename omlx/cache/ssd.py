@@ -630,7 +630,7 @@ class SSDStore:
             self._pin_parent(job.parent_hash, +1)
         path = self.dir / block_hash.hex()[:2] / f"{block_hash.hex()}{BLOCK_SUFFIX}"
         try:
-            write_file_atomic(path, enc.header, enc.data)
+            write_file_atomic(path, enc.header, *enc.buffers)
         except OSError as exc:
             with self._lock:
                 self._pin_parent(job.parent_hash, -1)

@@ -16,6 +16,22 @@ from omlx.cli.common import config_from
 _COLOR = {"ok": "green", "info": "blue", "warning": "yellow", "error": "red"}
 
 
+def _model_caches(models_dir) -> dict[str, tuple[str, bool]]:
+    """Each model folder's cache layout, read from its config without loading weights."""
+    from omlx.engine.cache_spec import describe_model_cache
+
+    out: dict[str, tuple[str, bool]] = {}
+    if not models_dir.is_dir():
+        return out
+    for p in sorted(models_dir.iterdir()):
+        if (p / "config.json").is_file():
+            try:
+                out[p.name] = describe_model_cache(p)
+            except Exception as e:  # a folder mlx-lm cannot read is the models check's to report
+                out[p.name] = (f"cannot read its architecture: {e}", False)
+    return out
+
+
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schema_version 1).")] = False,
     host: Annotated[Optional[str], typer.Option(help="Address `omlx serve` would bind (default 127.0.0.1).")] = None,
@@ -30,7 +46,7 @@ def doctor(
 
     cfg = config_from({"host": host, "port": port, "base_path": base_path}, config)
     facts = Facts(memory_ceiling_bytes=MemoryLimits.from_config(cfg.memory).ceiling_bytes,
-                  bind_problem=check_bind(cfg))
+                  bind_problem=check_bind(cfg), model_caches=_model_caches(cfg.models_dir))
     report = run_checks(cfg, facts)
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=1))

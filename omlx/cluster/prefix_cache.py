@@ -378,13 +378,18 @@ def build_stage_prefix_cache(cfg: Any, path: Path, model_config: dict[str, Any],
     where = f"rank {stage.rank} layers [{r.start}, {r.end})"
     if not enabled:
         return None, f"{where}: off (disabled by configuration)"
-    classes = tuple(type(c).__name__ for c in stage.make_cache())
+    from omlx.engine.cache_spec import CacheSpec, UnsupportedCacheError, layer_specs
+
+    caches = stage.make_cache()
+    classes = tuple(type(c).__name__ for c in caches)
     loaded = LoadedModel(path.name, path, stage, tokenizer, model_config, 0, classes)
-    if not loaded.blockable:
-        note = f"{where}: off: cache classes {sorted(set(classes))} cannot be cut into exact blocks"
+    try:
+        spec = CacheSpec(layer_specs(caches), stage.make_cache)
+    except UnsupportedCacheError as e:
+        note = f"{where}: off: {e}"
         logger.warning("prefix cache %s", note)
         return None, note
-    tiers = make_prefix_cache(loaded, cfg, layer_range=(r.start, r.end), prefill_rate=stage_prefill_rate)
+    tiers = make_prefix_cache(loaded, cfg, layer_range=(r.start, r.end), prefill_rate=stage_prefill_rate, spec=spec)
     cold = tiers.cold_stats()
     note = f"{where}: on (hot tier" + (f", SSD tier {cold['dir']})" if cold else ", no SSD tier)")
     logger.info("prefix cache %s", note)

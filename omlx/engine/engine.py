@@ -645,11 +645,13 @@ class Engine:
         does not (its followers see a sequence's caches only at its end)."""
         return getattr(self.prefix_cache, "cache_blocks", None) is not None
 
-    def _cache_blocks(self, st: _Running, caches: list[Any], num_tokens: int) -> None:
-        """Register ``st``'s full blocks among its first ``num_tokens`` tokens (KV in ``caches``)."""
+    def _cache_blocks(self, st: _Running, caches: list[Any], num_tokens: int, state_at: int | None = None) -> None:
+        """Register ``st``'s full blocks among its first ``num_tokens`` tokens (KV in ``caches``;
+        ``state_at``: where their state layers stand, when known exactly)."""
         try:
             self.prefix_cache.cache_blocks(  # type: ignore[union-attr]
-                st.lease, caches, list(st.request.prompt_token_ids) + st.generated_ids, num_tokens)
+                st.lease, caches, list(st.request.prompt_token_ids) + st.generated_ids, num_tokens,
+                state_at=state_at)
         except Exception:
             logger.exception("could not cache the blocks of %s", st.request.request_id)
 
@@ -658,7 +660,7 @@ class Engine:
         a request behind this one that shares the prefix hits them while this one runs."""
         st = self._by_uid.get(uid)
         if st is not None and st.lease is not None:
-            self._cache_blocks(st, caches, num_tokens)
+            self._cache_blocks(st, caches, num_tokens, state_at=num_tokens)
 
     def _cache_decoded_block(self, st: _Running, r: Any) -> None:
         """When decode fills a block, register it now (a long answer's blocks serve the next

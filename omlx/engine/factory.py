@@ -135,13 +135,16 @@ def build_prefix_cache(loaded: LoadedModel, config: ServerConfig):
     """The KV cache tiers for a model, or (None, reason) when the cache is off for it."""
     if not config.cache.enabled:
         return None, "off (disabled by configuration)"
-    if not loaded.blockable:
-        note = f"off: cache classes {sorted(set(loaded.cache_classes))} cannot be cut into exact blocks"
-        logger.warning("prefix cache for %s is %s", loaded.model_id, note)
-        return None, note
+    from omlx.engine.cache_spec import UnsupportedCacheError, spec_of_model
     from omlx.engine.kv_cache import make_prefix_cache
 
-    return make_prefix_cache(loaded, config), ""
+    try:
+        spec = spec_of_model(loaded.model)
+    except UnsupportedCacheError as e:
+        note = f"off: {e} (cache classes {sorted(set(loaded.cache_classes))})"
+        logger.warning("prefix cache for %s is %s; every prompt is prefilled in full", loaded.model_id, note)
+        return None, note
+    return make_prefix_cache(loaded, config, spec=spec), ""
 
 
 def model_formats(loaded: LoadedModel, config: ServerConfig) -> tuple[str | None, tuple[str, str] | None]:

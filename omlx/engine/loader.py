@@ -22,10 +22,6 @@ logger = logging.getLogger(__name__)
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
-# Cache classes whose per-token KV can be cut into blocks and concatenated again exactly.
-BLOCKABLE_CACHES = ("KVCache",)
-
-
 def is_safe_model_id(name: str) -> bool:
     """True for ids usable as a folder name under the models folder (no separators, no '..')."""
     return bool(_SAFE_ID.match(name)) and ".." not in name
@@ -51,11 +47,6 @@ class LoadedModel:
     config: dict[str, Any]
     context_length: int
     cache_classes: tuple[str, ...]
-
-    @property
-    def blockable(self) -> bool:
-        """True when every layer's KV cache can be cut into blocks exactly."""
-        return all(c in BLOCKABLE_CACHES for c in self.cache_classes)
 
 
 def resolve_model(spec: str | None, models_dir: Path, *, progress: bool = True) -> tuple[str, Path]:

@@ -36,17 +36,20 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
-from mlx.utils import tree_flatten
 from mlx_lm.sample_utils import greedy_sampler
+
+from omlx.engine.cache_spec import freeze
 
 logger = logging.getLogger(__name__)
 
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
-#: ``(uid, caches, num_tokens)``: a prefill chunk of sequence ``uid`` finished; its batch-1
-#: caches now hold KV for its first ``num_tokens`` tokens (cached prefix included).
+#: ``(uid, caches, num_tokens)``: a prefill chunk of sequence ``uid`` finished; ``caches`` are
+#: its batch-1 caches as they stood right after it (`omlx.engine.cache_spec.freeze`): KV for its
+#: first ``num_tokens`` tokens (cached prefix included), state layers at ``num_tokens``.
 ChunkHook = Callable[[int, list[Any], int], None]
 
 #: Release MLX's buffer cache every this many decode steps (as ``generate_step`` does).
@@ -346,7 +349,9 @@ class BatchRunner:
         """Queue the chunk hook; it runs at the end of the next step, when the chunk's KV has
         (most likely) been computed, so reading it does not stall the pipeline."""
         if self.on_prefill_chunk is not None:
-            self._reports.append((s.uid, s.cache, num_tokens))
+            # Frozen: by the time the hook runs, the next chunk may have moved a window layer's
+            # cache on and replaced a state layer's arrays.
+            self._reports.append((s.uid, freeze(s.cache), num_tokens))
 
     def flush_reports(self) -> None:
         """Run the chunk hooks still due now (before a new sequence's prefix lookup, so it sees

@@ -59,10 +59,13 @@ class Facts:
     Attributes:
         memory_ceiling_bytes: the ceiling ``omlx serve`` would enforce (``omlx.memory``).
         bind_problem: why ``omlx serve`` could not bind host:port, or None when it could.
+        model_caches: per model folder name, (cache layout or why the prefix cache cannot
+            hold it, whether it can) (``omlx.engine.cache_spec.describe_model_cache``).
     """
 
     memory_ceiling_bytes: int | None
     bind_problem: str | None
+    model_caches: dict[str, tuple[str, bool]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +353,9 @@ def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
         if spec in present or (p.is_dir() and (p / "config.json").is_file()) or (p.is_file() and p.suffix == ".gguf"):
             continue
         missing.append(spec)
-    detail = {"models_dir": str(d), "present": present, "configured": list(cfg.models), "missing": missing}
+    caches = {name: {"layout": text, "prefix_cache": ok} for name, (text, ok) in facts.model_caches.items()}
+    detail = {"models_dir": str(d), "present": present, "configured": list(cfg.models), "missing": missing,
+              "caches": caches}
     if missing:
         return Finding("models", "error", f"configured model(s) not found: {', '.join(missing)}",
                        f"`omlx models import PATH` or fix the model setting (present in {d}: "
@@ -358,7 +363,19 @@ def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
     if not present:
         return Finding("models", "info", f"no models in {d} yet; `omlx serve` imports the default "
                        "SmolLM2-135M-Instruct on its first start", "", detail)
-    return Finding("models", "ok", f"{len(present)} model(s): {', '.join(present)}", "", detail)
+    def named(name: str) -> str:
+        if name not in facts.model_caches:
+            return name
+        text, ok = facts.model_caches[name]
+        return f"{name} (cache {text}; prefix cache {'on' if ok else 'off'})" if ok else \
+            f"{name} (prefix cache off: {text})"
+
+    off = [n for n, (_, ok) in facts.model_caches.items() if not ok]
+    summary = f"{len(present)} model(s): {', '.join(named(n) for n in present)}"
+    if off:
+        return Finding("models", "warning", summary, "these models serve without prefix reuse: every prompt "
+                       "is prefilled in full", detail)
+    return Finding("models", "ok", summary, "", detail)
 
 
 _CHECKS = {

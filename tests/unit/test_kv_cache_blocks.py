@@ -21,6 +21,7 @@ from omlx.cache.hashing import Namespace, make_kv_format
 from omlx.cache.paged import BlockPool
 from omlx.cache.ssd import SSDStore
 from omlx.cache.tiered import RestoreCostModel, TieredCache, TierPolicy
+from omlx.engine.cache_spec import CacheSpec
 from omlx.engine.kv_cache import MlxPayloadCodec, PrefixCacheTiers
 
 BS = 8
@@ -48,7 +49,7 @@ def tiers_for(root: Path | None, pool_bytes: int = 10**8) -> PrefixCacheTiers:
     pool = BlockPool(max_bytes=pool_bytes, block_size=BS)
     tiers = TieredCache(pool, NS, MlxPayloadCodec("float32"), store, TierPolicy(),
                         RestoreCostModel(prefill_tokens_per_s=1.0, read_bytes_per_s=1e9))
-    return PrefixCacheTiers(tiers, LAYERS)
+    return PrefixCacheTiers(tiers, CacheSpec.plain(LAYERS))
 
 
 @pytest.fixture
@@ -183,20 +184,26 @@ def test_a_materialized_cache_grows_like_a_fresh_one_on_the_next_update():
     pc.release(hit)
 
 
-def test_a_model_whose_layers_differ_in_kv_shape_runs_without_cache_said_loudly(caplog):
-    pc = tiers_for(None)
+@pytest.mark.parametrize("shape", ["heads", "value_dim"])
+def test_layers_that_differ_in_kv_shape_are_cached_per_layer_and_restored_exactly(shape, tmp_path):
+    """Layers with other KV heads, or values of another head dim than keys (MLA), cannot share
+    one block-major array: each layer's keys and values get their own tensors, hot and on disk."""
+    pc = tiers_for(tmp_path)
     lease = pc.acquire(PROMPT)
     caches = [KVCache() for _ in range(LAYERS)]
-    for i, c in enumerate(caches):  # layer 1 has twice the KV heads
-        h = 2 * HEADS if i == 1 else HEADS
-        c.update_and_fetch(mx.zeros((1, h, len(PROMPT), DIM)), mx.zeros((1, h, len(PROMPT), DIM)))
-    with caplog.at_level("ERROR", logger="omlx.engine.kv_cache"):
-        assert pc.cache_blocks(lease, caches, PROMPT, len(PROMPT)) == 0
-    assert pc.disabled_reason is not None and pc.stats()["disabled_reason"] == pc.disabled_reason
-    assert any("prefix cache OFF" in r.getMessage() for r in caplog.records)
+    for i, c in enumerate(caches):
+        h = 2 * HEADS if shape == "heads" and i == 1 else HEADS
+        vd = DIM // 2 if shape == "value_dim" else DIM
+        c.update_and_fetch(mx.random.normal((1, h, len(PROMPT), DIM)), mx.random.normal((1, h, len(PROMPT), vd)))
+    assert pc.cache_blocks(lease, caches, PROMPT, len(PROMPT)) == len(PROMPT) // BS
     pc.release(lease)
     pc.store(lease, caches, PROMPT)
-    assert pc.pool.stats().num_blocks == 0
-    again = pc.acquire(PROMPT)
-    assert again.num_cached_tokens == 0
-    pc.release(again)
+    assert pc.disabled_reason is None
+    assert pc.close(10)
+    for tiers in (pc, tiers_for(tmp_path)):  # hot, then after a restart (cold)
+        again = tiers.acquire(PROMPT + [7])
+        assert again.num_cached_tokens == len(PROMPT)
+        for got, want in zip(again.caches, caches):
+            assert mx.array_equal(got.keys[..., : len(PROMPT), :], want.keys[..., : len(PROMPT), :])
+            assert mx.array_equal(got.values[..., : len(PROMPT), :], want.values[..., : len(PROMPT), :])
+        tiers.release(again)

@@ -13,6 +13,7 @@ from omlx.cache.hashing import Namespace, make_kv_format
 from omlx.cache.paged import BlockPool
 from omlx.cache.tiered import TieredCache, TieredHit
 from omlx.cluster.prefix_cache import agree_num_cached
+from omlx.engine.cache_spec import CacheSpec
 from omlx.engine.kv_cache import MlxPayloadCodec, PrefixCacheTiers
 
 
@@ -68,7 +69,7 @@ def test_a_truncated_lease_materializes_exactly_the_shorter_prefix(num_tokens):
     bs, num_layers, seq = 4, 2, list(range(100, 111))  # two full blocks and a 3-token tail
     ns = Namespace("m", "t", make_kv_format("float32", None, None, "KVCache"), 3, 5)
     tiers = PrefixCacheTiers(TieredCache(BlockPool(max_bytes=10**8, block_size=bs), ns, MlxPayloadCodec("float32")),
-                             num_layers)
+                             CacheSpec.plain(num_layers))
     kv = [(mx.random.normal((1, 2, len(seq), 8)), mx.random.normal((1, 2, len(seq), 8))) for _ in range(num_layers)]
     tiers.store(tiers.acquire(seq), [_cache(k, v) for k, v in kv], seq)
 
@@ -90,7 +91,7 @@ def test_a_truncated_lease_materializes_exactly_the_shorter_prefix(num_tokens):
 
 def test_a_materialized_lease_cannot_be_cut():
     ns = Namespace("m", "t", make_kv_format("float32", None, None, "KVCache"), 0, 1)
-    tiers = PrefixCacheTiers(TieredCache(BlockPool(max_bytes=10**8, block_size=4), ns, MlxPayloadCodec("float32")), 1)
+    tiers = PrefixCacheTiers(TieredCache(BlockPool(max_bytes=10**8, block_size=4), ns, MlxPayloadCodec("float32")), CacheSpec.plain(1))
     seq = [1, 2, 3, 4, 5]
     tiers.store(tiers.acquire(seq), [_cache(mx.zeros((1, 1, 5, 2)), mx.zeros((1, 1, 5, 2)))], seq)
     lease = tiers.acquire(seq + [6])
@@ -113,7 +114,7 @@ def test_a_follower_adopts_the_pipelines_prefill_rate_for_its_restore_decisions(
 def _tiers(bs: int = 4, num_layers: int = 2) -> PrefixCacheTiers:
     ns = Namespace("m", "t", make_kv_format("float32", None, None, "KVCache"), 3, 3 + num_layers)
     return PrefixCacheTiers(TieredCache(BlockPool(max_bytes=10**8, block_size=bs), ns, MlxPayloadCodec("float32")),
-                            num_layers)
+                            CacheSpec.plain(num_layers))
 
 
 def _kv(num_tokens: int, num_layers: int = 2) -> list:

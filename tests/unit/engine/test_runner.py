@@ -55,7 +55,8 @@ def drive(runner: BatchRunner, schedule: dict[int, list[tuple[str, list[int]]]],
             got[name_of[r.uid]].append(r.token)
             if r.finish_reason is not None:
                 assert r.all_tokens[-len(got[name_of[r.uid]]):] == got[name_of[r.uid]]
-                assert r.prompt_cache[0].offset == len(r.all_tokens)
+                offsets = {c.offset for c in r.prompt_cache if hasattr(c, "offset")}  # state layers have none
+                assert offsets == {len(r.all_tokens)}, offsets
         step += 1
         assert step < 2000
     return got
@@ -127,6 +128,7 @@ def _engine(model, tokenizer, *, cache: bool, block_size: int = 64):
     from omlx.cache.paged import BlockPool
     from omlx.cache.tiered import TieredCache
     from omlx.engine.engine import Engine
+    from omlx.engine.cache_spec import spec_of_model
     from omlx.engine.kv_cache import MlxPayloadCodec, PrefixCacheTiers
     from omlx.scheduler import Scheduler
 
@@ -134,7 +136,7 @@ def _engine(model, tokenizer, *, cache: bool, block_size: int = 64):
     if cache:
         ns = Namespace("tiny", "tok", make_kv_format("float32", None, None, "KVCache"), 0, 2)
         pc = PrefixCacheTiers(TieredCache(BlockPool(max_bytes=10**9, block_size=block_size), ns,
-                                          MlxPayloadCodec("float32")), 2)
+                                          MlxPayloadCodec("float32")), spec_of_model(model))
     eng = Engine("tiny", model, tokenizer, scheduler=Scheduler(8, 64), prefix_cache=pc,
                  block_size=block_size, prefill_step_size=128, mixed_step_size=32)
     eng.start()

@@ -1,0 +1,372 @@
+"""What a model's per-layer caches hold, and how they become blocks and come back (exactly).
+
+mlx-lm makes one cache object per layer (``make_prompt_cache``). omlx's prefix cache knows
+three kinds, in the way vLLM v1's hybrid KV cache manager and SGLang's Mamba radix cache
+split a hybrid model into layer groups:
+
+- **attention** (``KVCache``): per-token keys and values; every token's KV is kept.
+- **window** (``RotatingKVCache``, window ``W``, ``keep`` sink tokens): per-token as well, but
+  the cache holds only the last ``W`` tokens (plus the first ``keep``); a prefill leaves up to
+  ``W - 1 + chunk`` in temporal order. Blocks store every token's KV like attention layers;
+  restoring needs only the tokens the window still covers.
+- **state** (``ArraysCache`` and subclasses: gated delta-net, Mamba/SSM and conv state): one
+  fixed-size state per sequence, not per token. It is *snapshotted* at a position (the end of a
+  block-aligned prefill chunk, or the end of a finished sequence) and attached to the block
+  that ends there; a prefix hit on such a model may end only at a block that carries one.
+
+A block's payload is a dict of mlx arrays. Per-token tensors have the token axis second to
+last: ``"kv"`` is ``(num_token_layers, 2, n_kv_heads, num_tokens, head_dim)`` when every
+attention/window layer shares keys' and values' ``(heads, head_dim)`` (keys at ``[:, 0]``);
+otherwise (MLA: keys and values differ in head dim) ``"k.{layer}"`` / ``"v.{layer}"``, each
+``(heads, num_tokens, dim)``. Snapshot tensors are ``"state.{layer}.{i}"`` (the i-th array
+of that layer's ``ArraysCache``, batch axis kept, any shape and dtype).
+
+Other cache classes (``QuantizedKVCache``, ``ChunkedKVCache``, ``CacheList``,
+``ConcatenateKVCache``) are not known here: `layer_specs` raises `UnsupportedCacheError`
+and the model serves without a prefix cache, said loudly.
+
+Must not: know about requests, tiers or files (``omlx.engine.kv_cache`` and ``omlx.cache``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+ATTENTION, WINDOW, STATE = "attention", "window", "state"
+STATE_PREFIX = "state."
+
+Payload = dict[str, mx.array]
+
+
+class UnsupportedCacheError(ValueError):
+    """A layer's cache class cannot be cut into exact blocks or snapshots."""
+
+
+class NotHeldError(ValueError):
+    """Tokens asked for are no longer in a window layer's cache (they fell out of its window)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """One layer's cache kind.
+
+    Attributes:
+        kind: ``"attention"``, ``"window"`` or ``"state"``.
+        window: the window ``W`` of a window layer (``RotatingKVCache.max_size``), else 0.
+        keep: sink tokens a window layer always keeps (``RotatingKVCache.keep``), else 0.
+        num_arrays: arrays of a state layer (``len(ArraysCache.cache)``), else 0.
+    """
+
+    kind: str
+    window: int = 0
+    keep: int = 0
+    num_arrays: int = 0
+
+    def tag(self) -> str:
+        """Short text for the namespace: ``A``, ``W512k0``, ``S2``."""
+        if self.kind == ATTENTION:
+            return "A"
+        if self.kind == WINDOW:
+            return f"W{self.window}k{self.keep}"
+        return f"S{self.num_arrays}"
+
+
+def layer_specs(caches: Sequence[Any]) -> tuple[LayerSpec, ...]:
+    """The kind of each layer's cache (fresh caches from ``make_prompt_cache``).
+
+    Raises:
+        UnsupportedCacheError: a class this module does not know (named in the message).
+    """
+    out = []
+    for i, c in enumerate(caches):
+        if type(c) is KVCache:
+            out.append(LayerSpec(ATTENTION))
+        elif type(c) is RotatingKVCache:
+            out.append(LayerSpec(WINDOW, window=int(c.max_size), keep=int(c.keep)))
+        elif isinstance(c, ArraysCache):
+            out.append(LayerSpec(STATE, num_arrays=len(c.cache)))
+        else:
+            raise UnsupportedCacheError(f"layer {i} uses {type(c).__name__}, which the prefix cache cannot "
+                                        "cut into exact blocks yet")
+    return tuple(out)
+
+
+def describe(layers: Sequence[LayerSpec]) -> str:
+    """Run-length text of the layer kinds, e.g. ``"A*2,W512k0*10"`` (names a cache layout)."""
+    runs: list[list[Any]] = []
+    for spec in layers:
+        t = spec.tag()
+        if runs and runs[-1][0] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    return ",".join(t if n == 1 else f"{t}*{n}" for t, n in runs)
+
+
+def freeze(caches: Sequence[Any]) -> list[Any]:
+    """A view of ``caches`` as they stand now, for reading after later steps updated them.
+
+    ``KVCache`` objects are returned as they are (later tokens only write at later positions);
+    a window or state layer gets a new cache object whose arrays are new graph nodes of the
+    current ones (``mx.stop_gradient``: no copy; a later in-place update of the live cache
+    then copies instead of writing through).
+    """
+    out: list[Any] = []
+    for c in caches:
+        if type(c) is RotatingKVCache and c.keys is not None:
+            f = RotatingKVCache(c.max_size, c.keep)
+            f.state = (mx.stop_gradient(c.keys), mx.stop_gradient(c.values), c.offset, c.keep, c.max_size, c._idx)
+            out.append(f)
+        elif isinstance(c, ArraysCache):
+            f = ArraysCache(len(c.cache))
+            f.cache = [None if a is None else mx.stop_gradient(a) for a in c.cache]
+            out.append(f)
+        else:
+            out.append(c)
+    return out
+
+
+def _window_order(c: RotatingKVCache) -> tuple[mx.array, mx.array, int]:
+    """(keys, values, first position) of a window cache in temporal order; positions ``[0,
+    keep)`` are at the front when the cache trimmed, then ``[first, offset)``."""
+    keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
+    held = keys.shape[2]
+    first = c.offset - held if c.offset <= held or c.keep == 0 else c.offset - (held - c.keep)
+    return keys, values, max(first, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSpec:
+    """The cache layout of one model (or one cluster stage's layers).
+
+    Args:
+        layers: one `LayerSpec` per layer, in layer order.
+        make_cache: ``() -> list`` of fresh per-layer caches (``make_prompt_cache(model)``).
+    """
+
+    layers: tuple[LayerSpec, ...]
+    make_cache: Callable[[], list[Any]]
+
+    @classmethod
+    def plain(cls, num_layers: int) -> CacheSpec:
+        """``num_layers`` plain attention layers (mlx-lm's default cache: one ``KVCache`` each)."""
+        return cls(tuple(LayerSpec(ATTENTION) for _ in range(num_layers)),
+                   lambda: [KVCache() for _ in range(num_layers)])
+
+    @property
+    def token_layers(self) -> list[int]:
+        return [i for i, s in enumerate(self.layers) if s.kind != STATE]
+
+    @property
+    def state_layers(self) -> list[int]:
+        return [i for i, s in enumerate(self.layers) if s.kind == STATE]
+
+    @property
+    def has_state(self) -> bool:
+        return any(s.kind == STATE for s in self.layers)
+
+    def describe(self) -> str:
+        return describe(self.layers)
+
+    def num_tokens(self, caches: Sequence[Any]) -> int | None:
+        """Tokens the caches have seen (the first per-token layer's ``offset``); None for a
+        model with state layers only."""
+        for i in self.token_layers:
+            return int(caches[i].offset)
+        return None
+
+    def is_empty(self, caches: Sequence[Any]) -> bool:
+        return any(c.empty() for c in caches)
+
+    def held_from(self, caches: Sequence[Any]) -> int:
+        """The first position every window layer still holds (0 when all do): blocks before it
+        cannot be cut from these caches."""
+        first = 0
+        for i in self.token_layers:
+            c = caches[i]
+            if type(c) is RotatingKVCache and c.keys is not None:
+                _, _, f = _window_order(c)
+                if f > c.keep:
+                    first = max(first, f)
+        return first
+
+    # ---- caches -> block payloads --------------------------------------------------------
+
+    def payload_fn(self, caches: Sequence[Any], state_at: int | None) -> Callable[[int, int], Payload]:
+        """``(a, b) -> payload`` of tokens ``[a, b)`` of batch-1 ``caches`` (lazy arrays).
+
+        Args:
+            caches: per layer, batch 1, holding every token up to ``b`` (window layers: at
+                least those in ``[a, b)``).
+            state_at: the position the state layers' arrays stand at (their snapshot goes into
+                the block ending there), or None when unknown (no snapshot is taken).
+
+        Raises:
+            NotHeldError: (from the function) a window layer no longer holds ``[a, b)``.
+        """
+        tok = self.token_layers
+        windows = {i: _window_order(caches[i]) for i in tok if type(caches[i]) is RotatingKVCache}
+
+        def kv(i: int, a: int, b: int) -> tuple[mx.array, mx.array]:
+            c = caches[i]
+            if i not in windows:
+                return c.keys[0, :, a:b], c.values[0, :, a:b]
+            keys, values, first = windows[i]
+            if b <= c.keep or first <= c.keep:
+                lo = a
+            elif a >= first:
+                lo = a - first + c.keep
+            else:
+                raise NotHeldError(f"layer {i} holds positions from {first}, block starts at {a}")
+            return keys[0, :, lo : lo + b - a], values[0, :, lo : lo + b - a]
+
+        uniform = self._uniform(caches)
+
+        def payload(a: int, b: int) -> Payload:
+            out: Payload = {}
+            if tok:
+                pairs = [kv(i, a, b) for i in tok]
+                if uniform:
+                    flat = mx.stack([x for pair in pairs for x in pair])
+                    out["kv"] = flat.reshape(len(tok), 2, *flat.shape[1:])
+                else:
+                    for i, (k, v) in zip(tok, pairs):
+                        out[f"k.{i}"], out[f"v.{i}"] = k, v
+            if state_at is not None and b == state_at:
+                for i in self.state_layers:
+                    for j, arr in enumerate(caches[i].cache):
+                        if arr is not None:
+                            out[f"{STATE_PREFIX}{i}.{j}"] = arr
+            return out
+
+        return payload
+
+    def _uniform(self, caches: Sequence[Any]) -> bool:
+        shapes = {(caches[i].keys.shape[1], caches[i].keys.shape[3], caches[i].values.shape[1],
+                   caches[i].values.shape[3], caches[i].keys.dtype) for i in self.token_layers}
+        if len(shapes) != 1:
+            return False
+        kh, kd, vh, vd, _ = shapes.pop()
+        return (kh, kd) == (vh, vd)
+
+    # ---- block payloads -> caches --------------------------------------------------------
+
+    def materialize(self, parts: Sequence[tuple[Payload, int]]) -> list[Any]:
+        """Fresh per-layer caches holding the prefix the parts cover, as a prefill of the same
+        tokens leaves them for every later token (window layers: the last ``W`` tokens and the
+        ``keep`` first; state layers: the snapshot of the last part).
+
+        Args:
+            parts: ``(payload, tokens used)`` in sequence order; with state layers the last
+                payload must carry a snapshot and be used whole.
+
+        Raises:
+            ValueError: a state model's last part has no snapshot.
+        """
+        joined: dict[str, mx.array] = {}
+        names = [k for k in parts[0][0] if not k.startswith(STATE_PREFIX)]
+        for name in names:
+            pieces = []
+            for payload, n in parts:
+                x = payload[name]
+                pieces.append(x if n == x.shape[-2] else x[..., :n, :])
+            joined[name] = mx.concatenate(pieces, axis=-2) if len(pieces) > 1 else pieces[0]
+        num_tokens = sum(n for _, n in parts)
+        caches = self.make_cache()
+        kvs = joined.get("kv")
+        for slot, i in enumerate(self.token_layers):
+            if kvs is not None:
+                k, v = kvs[slot, 0][None], kvs[slot, 1][None]
+            else:
+                k, v = joined[f"k.{i}"][None], joined[f"v.{i}"][None]
+            c, spec = caches[i], self.layers[i]
+            if spec.kind == ATTENTION:
+                c.state = (k, v, num_tokens)
+            else:
+                if num_tokens > spec.window:
+                    tail = spec.window - spec.keep
+                    k = mx.concatenate([k[:, :, : spec.keep], k[:, :, num_tokens - tail :]], axis=2)
+                    v = mx.concatenate([v[:, :, : spec.keep], v[:, :, num_tokens - tail :]], axis=2)
+                c.state = (k, v, num_tokens, spec.keep, spec.window, k.shape[2])
+        last, used = parts[-1]
+        for i in self.state_layers:
+            arrays = [last.get(f"{STATE_PREFIX}{i}.{j}") for j in range(self.layers[i].num_arrays)]
+            if all(a is None for a in arrays) or used != _payload_tokens(last):
+                raise ValueError(f"the cached prefix ends at {num_tokens} tokens without a state snapshot "
+                                 f"for layer {i}")
+            caches[i].cache = list(arrays)
+        mx.eval([c.state for c in caches])
+        return caches
+
+    def hit_end(self, parts: Sequence[tuple[Payload, int]]) -> int:
+        """Tokens of the longest usable prefix of a hit's parts: all of them without state
+        layers; with state layers, up to the last part used whole that carries a snapshot."""
+        if not self.has_state:
+            return sum(n for _, n in parts)
+        end, total = 0, 0
+        for payload, n in parts:
+            total += n
+            if n == _payload_tokens(payload) and has_snapshot(payload):
+                end = total
+        return end
+
+
+def has_snapshot(payload: Payload) -> bool:
+    return any(k.startswith(STATE_PREFIX) for k in payload)
+
+
+def _payload_tokens(payload: Payload) -> int:
+    for k, x in payload.items():
+        if not k.startswith(STATE_PREFIX):
+            return int(x.shape[-2])
+    return 0
+
+
+def payload_tokens(payload: Payload) -> int:
+    """Tokens a payload's per-token tensors hold (0 for a snapshot-only payload)."""
+    return _payload_tokens(payload)
+
+
+def payload_bytes(payload: Payload) -> int:
+    return int(sum(x.nbytes for x in payload.values()))
+
+
+def spec_of_model(model: Any) -> CacheSpec:
+    """The `CacheSpec` of an mlx-lm model (``make_prompt_cache``).
+
+    Raises:
+        UnsupportedCacheError: as `layer_specs`.
+    """
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return CacheSpec(layer_specs(make_prompt_cache(model)), lambda: make_prompt_cache(model))
+
+
+def describe_model_cache(path: Any) -> tuple[str, bool]:
+    """(cache layout or the reason it is unsupported, prefix cache possible) of the mlx-lm
+    model folder ``path``, without reading its weights (``mlx_lm.utils.load_model(lazy=True)``
+    maps the files; nothing is evaluated). For ``omlx doctor``.
+
+    Raises:
+        Exception: whatever mlx-lm raises for a folder it cannot load.
+    """
+    from pathlib import Path
+
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(Path(path), lazy=True)
+    caches = make_prompt_cache(model)
+    try:
+        return describe(layer_specs(caches)), True
+    except UnsupportedCacheError as e:
+        return str(e), False
+
+
+__all__ = ["ATTENTION", "STATE", "WINDOW", "CacheSpec", "LayerSpec", "NotHeldError", "Payload",
+           "UnsupportedCacheError", "describe", "describe_model_cache", "freeze", "has_snapshot", "layer_specs", "payload_bytes",
+           "payload_tokens", "spec_of_model"]
