@@ -198,7 +198,11 @@ def tail_superseded(longer: Sequence[int], shorter: Sequence[int], slack: int = 
     """Whether a sibling with tokens ``longer`` makes a tail with tokens ``shorter`` redundant.
 
     Shared by the hot tier (tails dropped) and the SSD tier (tail files deleted or never written).
+    A negative ``slack`` means never: each tail is kept (a model with recurrent state has a
+    snapshot at each tail's own end, which no sibling can stand in for).
     """
+    if slack < 0:
+        return False
     n = len(shorter)
     if len(longer) <= n:
         return False
@@ -206,9 +210,9 @@ def tail_superseded(longer: Sequence[int], shorter: Sequence[int], slack: int = 
     return unique <= slack and n - unique >= 4 * unique
 
 
-def _supersedes(sibling: KVBlock, tail: KVBlock) -> bool:
+def _supersedes(sibling: KVBlock, tail: KVBlock, slack: int = TAIL_SLACK_TOKENS) -> bool:
     """Whether ``sibling`` (a full block or a longer tail) makes ``tail`` redundant."""
-    return sibling is not tail and tail_superseded(sibling.token_ids, tail.token_ids)
+    return sibling is not tail and tail_superseded(sibling.token_ids, tail.token_ids, slack)
 
 
 def _evict_key(block: KVBlock) -> _HeapEntry:
@@ -235,6 +239,8 @@ class BlockPool:
             should be quick: it runs inside :meth:`register`. Exceptions are logged.
         copy_payload: Deep-copies a payload for copy-on-write; defaults to
             :func:`copy.deepcopy`.
+        tail_slack_tokens: A tail is dropped once a longer sibling agrees with all but this
+            many of its last tokens (`tail_superseded`); negative: tails are never dropped so.
 
     Raises:
         ValueError: ``max_bytes < 0`` or ``block_size < 1``.
@@ -247,6 +253,7 @@ class BlockPool:
         block_size: int = 256,
         on_evict: EvictCallback | None = None,
         copy_payload: PayloadCopier | None = None,
+        tail_slack_tokens: int = TAIL_SLACK_TOKENS,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -255,6 +262,7 @@ class BlockPool:
         self._block_size = block_size
         self._max_bytes = max_bytes
         self._copy_payload: PayloadCopier = copy_payload or copy.deepcopy
+        self._tail_slack = int(tail_slack_tokens)
         self._blocks: dict[int, KVBlock] = {}
         self._full: dict[bytes, KVBlock] = {}
         self._tails: dict[bytes, KVBlock] = {}
@@ -291,6 +299,11 @@ class BlockPool:
         """Bytes of all live blocks (always ``<= max_bytes``)."""
         return self._num_bytes
 
+    @property
+    def tail_slack_tokens(self) -> int:
+        """See the constructor; negative: tails are never dropped for a longer sibling."""
+        return self._tail_slack
+
     def lookup(
         self,
         token_ids: Sequence[int],
@@ -298,6 +311,7 @@ class BlockPool:
         *,
         max_cached_tokens: int | None = None,
         block_hashes: Sequence[bytes] | None = None,
+        whole_partial_only: bool = False,
     ) -> PrefixHit:
         """Find the longest cached prefix of ``token_ids``.
 
@@ -315,6 +329,8 @@ class BlockPool:
             block_hashes: The chained keys of ``token_ids``' leading full blocks, already
                 computed by the caller (``omlx.cache.hashing.BlockHashes``); blocks past them
                 are hashed here.
+            whole_partial_only: Reuse a last child only whole (all its tokens match), never a
+                prefix of it: a recurrent model's state snapshot stands at a block's end.
 
         Returns:
             The hit; ``num_cached_tokens == 0`` when nothing matches.
@@ -348,6 +364,8 @@ class BlockPool:
                 if child.token_ids[0] != rest[0]:
                     continue
                 num_common = common_prefix_len(child.token_ids, rest)
+                if whole_partial_only and num_common < len(child.token_ids):
+                    continue
                 # Ties go to the most recently used, then the newest block: deterministic.
                 score = (num_common, child.last_access, child.block_id)
                 if num_common > 0 and score > best:
@@ -509,7 +527,8 @@ class BlockPool:
 
         Returns:
             The new tail, or an already-cached block under the same parent whose tokens
-            start with ``token_ids`` (it may be longer, even a full block), with
+            start with ``token_ids`` (it may be longer, even a full block; not when
+            ``tail_slack_tokens`` is negative: then only the same tail), with
             ``ref_count`` raised by one; ``None`` when it cannot fit or the parent is no
             longer cached.
 
@@ -531,7 +550,7 @@ class BlockPool:
         parent_key, parent = resolved
         block_hash = hash_block(parent_key, tokens)
         covering = self._tails.get(block_hash)
-        if covering is None:
+        if covering is None and self._tail_slack >= 0:  # with tails kept as their own, only itself covers
             n = len(tokens)
             covering = next(
                 (
@@ -746,14 +765,14 @@ class BlockPool:
         """
         siblings = self._children.get(block.parent_hash, {})
         for sibling in list(siblings.values()):
-            if sibling.is_tail and sibling.ref_count == 0 and _supersedes(block, sibling):
+            if sibling.is_tail and sibling.ref_count == 0 and _supersedes(block, sibling, self._tail_slack):
                 self._remove(sibling)
                 self._num_dropped_tails += 1
 
     def _is_covered(self, tail: KVBlock) -> bool:
         """Whether a sibling (full block or longer tail) supersedes ``tail`` (``_supersedes``)."""
         siblings = self._children.get(tail.parent_hash, {})
-        return any(_supersedes(s, tail) for s in siblings.values())
+        return any(_supersedes(s, tail, self._tail_slack) for s in siblings.values())
 
     def _make_room(self, num_bytes: int, *, protect: KVBlock | None) -> bool:
         """Evict until ``num_bytes`` more fit; False (evicting nothing if foreseeable) if not."""

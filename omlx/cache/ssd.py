@@ -222,7 +222,8 @@ class SSDStore:
         model_id: recorded in ``namespace.json`` for ``omlx cache stats|clear --model``.
         progress: show a progress bar while rebuilding the index (only on a TTY).
         tail_slack_tokens: a file whose last tokens differ from a longer sibling's in at most
-            this many (and in at most 1/5 of them) is superseded by it; 0: only exact prefixes.
+            this many (and in at most 1/5 of them) is superseded by it; 0: only exact prefixes;
+            negative: never (recurrent-state models: each tail's snapshot is its own).
 
     The index is rebuilt from the namespace's folder in the constructor: headers are parsed,
     files of another format version, namespace or dtype, or truncated ones, are deleted and
@@ -247,7 +248,7 @@ class SSDStore:
         self.root = Path(root)
         self.namespace = namespace
         self.dtype = dtype
-        self.tail_slack_tokens = max(0, int(tail_slack_tokens))
+        self.tail_slack_tokens = int(tail_slack_tokens)  # negative: never superseded
         self.dir = self.root / namespace.digest()
         self._max_bytes = self._configured_max_bytes = max(0, int(max_bytes))
         self._disk_full_at: float | None = None
@@ -467,7 +468,7 @@ class SSDStore:
             except OSError:
                 pass
 
-    def best_child(self, parent_hash: bytes, token_ids: Sequence[int]) -> ChildMatch | None:
+    def best_child(self, parent_hash: bytes, token_ids: Sequence[int], *, whole_only: bool = False) -> ChildMatch | None:
         """The file under ``parent_hash`` sharing the longest common prefix with ``token_ids``.
 
         Mirrors the hot tier's partial reuse (``BlockPool.lookup``): the first ``num_common``
@@ -492,6 +493,8 @@ class SSDStore:
                 if not e.tokens or e.tokens[0] != first:
                     continue
                 score = (common_prefix_len(e.tokens, token_ids), e.tick)
+                if whole_only and score[0] < len(e.tokens):
+                    continue
                 if score > best:
                     best, found = score, (h, e)
             if found is None:

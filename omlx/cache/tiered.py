@@ -78,6 +78,8 @@ class TierPolicy:
             (conservative: fast, so restores must clearly win).
         prefetch_blocks: blocks read ahead of the one being converted.
         reader_threads: threads reading block files.
+        whole_partials_only: a hit's last block or tail is reused only whole, never a prefix
+            of it (models with recurrent state: their snapshot stands at a block's end).
     """
 
     write_through_hits: int = 2
@@ -86,6 +88,7 @@ class TierPolicy:
     assumed_prefill_tokens_per_s: float = 20_000.0
     prefetch_blocks: int = 4
     reader_threads: int = 2
+    whole_partials_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +313,8 @@ class TieredCache:
         """
         bs = self.block_size
         limit = len(token_ids) if whole else max(0, len(token_ids) - 1)
-        hit = self.pool.lookup(token_ids, self.namespace, max_cached_tokens=limit, block_hashes=block_hashes)
+        hit = self.pool.lookup(token_ids, self.namespace, max_cached_tokens=limit, block_hashes=block_hashes,
+                               whole_partial_only=self.policy.whole_partials_only)
         self.pool.acquire(hit.all_blocks)
         out = TieredHit(parts=[(b.payload, bs) for b in hit.blocks], held=list(hit.blocks),
                         num_full_blocks=len(hit.blocks))
@@ -357,7 +361,7 @@ class TieredCache:
             parent = block_hash
             pos += bs
         rest = token_ids[pos : min(limit, pos + bs)]
-        child = self.store.best_child(parent, rest) if rest else None
+        child = self.store.best_child(parent, rest, whole_only=self.policy.whole_partials_only) if rest else None
         if child is not None:
             plan.append(_Planned(child.block_hash, parent, list(child.token_ids), child.num_common,
                                  child.num_bytes, partial=True))

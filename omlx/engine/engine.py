@@ -294,6 +294,7 @@ class Engine:
             mixed_step_size=self.mixed_step_size,
             block_size=self.block_size,
             on_prefill_chunk=hook,
+            hold_last_token=self._hold_last_token(),
         )
 
     def _measure_steps(self) -> None:
@@ -640,6 +641,12 @@ class Engine:
             self._finish(st, "stop" if is_eos else "length", remove=False,
                          prompt_cache=r.prompt_cache, all_tokens=r.all_tokens)
 
+    def _hold_last_token(self) -> bool:
+        """A model with recurrent-state layers is snapshotted before its prompt's last token
+        (see `BatchRunner`'s ``hold_last_token``)."""
+        spec = getattr(self.prefix_cache, "spec", None)
+        return bool(spec is not None and spec.has_state and self._caches_blocks_early())
+
     def _caches_blocks_early(self) -> bool:
         """The prefix cache takes blocks while a request runs (``cache_blocks``); the cluster's
         does not (its followers see a sequence's caches only at its end)."""
@@ -651,7 +658,8 @@ class Engine:
         try:
             self.prefix_cache.cache_blocks(  # type: ignore[union-attr]
                 st.lease, caches, list(st.request.prompt_token_ids) + st.generated_ids, num_tokens,
-                state_at=state_at)
+                state_at=state_at,
+                prompt_end=num_tokens == st.request.num_prompt_tokens - (1 if self._gen.hold_last_token else 0))
         except Exception:
             logger.exception("could not cache the blocks of %s", st.request.request_id)
 

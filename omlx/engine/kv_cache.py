@@ -42,7 +42,7 @@ import psutil
 
 from omlx.cache.blockfile import DTYPES, STATE_PREFIX, HostBlock
 from omlx.cache.hashing import BlockHashes, Namespace, make_kv_format, model_fingerprint, tokenizer_hash
-from omlx.cache.paged import BlockPool
+from omlx.cache.paged import TAIL_SLACK_TOKENS, BlockPool
 from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
 from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPolicy
 from omlx.config import ServerConfig
@@ -220,6 +220,14 @@ class PrefixCacheTiers:
     num_hits_cut_to_snapshot: int = 0
     disabled_reason: str | None = None
 
+    def __post_init__(self) -> None:
+        tiers = self.tiers
+        if self.spec.has_state and (tiers.pool.tail_slack_tokens >= 0 or not tiers.policy.whole_partials_only
+                                    or (tiers.store is not None and tiers.store.tail_slack_tokens >= 0)):
+            raise ValueError("a model with recurrent-state layers needs tails kept as their own "
+                             "(tail_slack_tokens=-1 in the pool and the SSD store) and whole last parts "
+                             "(TierPolicy.whole_partials_only): its snapshots stand at their ends")
+
     @property
     def pool(self) -> BlockPool:
         return self.tiers.pool
@@ -338,7 +346,7 @@ class PrefixCacheTiers:
         return self.spec.materialize(parts)  # type: ignore[arg-type]
 
     def cache_blocks(self, lease: Lease, caches: list[Any], token_ids: list[int], num_tokens: int, *,
-                     state_at: int | None = None) -> int:
+                     state_at: int | None = None, prompt_end: bool = False) -> int:
         """Register the request's full blocks among its first ``num_tokens`` tokens as soon as their
         KV is computed (after each prefill chunk, or when decode fills a block).
 
@@ -356,6 +364,9 @@ class PrefixCacheTiers:
             num_tokens: how many leading tokens have KV in ``caches``.
             state_at: the position the caches' state layers stand at, when known exactly (a
                 prefill chunk's end): the block ending there carries their snapshot.
+            prompt_end: ``num_tokens`` is the end of the prompt. A model with state layers then
+                also registers the partial last block with the snapshot there (the next turn
+                of a chat resumes from it when the answer is not repeated token for token).
 
         Returns:
             The number of blocks newly registered by this call (0 when none completed, all
@@ -370,13 +381,17 @@ class PrefixCacheTiers:
             hashes.extend(token_ids, num_tokens)
             end = num_tokens // self.block_size
             start = lease.num_registered_blocks
-            if start >= end or start * self.block_size < self.spec.held_from(caches):
+            tail = (prompt_end and self.spec.has_state and state_at == num_tokens
+                    and num_tokens % self.block_size != 0)
+            if (start >= end and not tail) or start * self.block_size < self.spec.held_from(caches):
                 return 0
             payload = self._payload_fn(caches, state_at)
             chained, num_new = self.tiers.register_blocks(token_ids, hashes.hashes, start, end, payload,
                                                           lease.hit.held)
             lease.num_registered_blocks = chained
             lease.hot_full = chained < end
+            if tail and chained >= end:
+                self.tiers.register_tail(token_ids, num_tokens, hashes.parent_of(end), payload)
             return num_new
 
     def store(self, lease: Lease, prompt_cache: list[Any], token_ids: list[int]) -> None:
@@ -525,15 +540,19 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
     plain = all(layer.kind == ATTENTION for layer in spec.layers)
     ns = model_namespace(loaded, kv_dtype, layer_range, "KVCache" if plain else spec.describe())
     bs = config.cache.block_size
-    pool = BlockPool(max_bytes=max_bytes, block_size=bs)
+    # A recurrent model resumes only at a snapshot, which stands at a block's or tail's end:
+    # tails are never dropped for a longer sibling, and a hit's last part is used whole.
+    stateful = spec.has_state
+    pool = BlockPool(max_bytes=max_bytes, block_size=bs, tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS)
     logger.info("hot KV cache for %s: %.2f GB budget, %d-token blocks, namespace %s, cache layout %s",
                 loaded.model_id, max_bytes / 1e9, bs, ns.digest(), spec.describe())
     if spec.has_state:
         logger.info("%s has recurrent-state layers: a prefix hit resumes from the last block whose state "
                     "was snapshotted (prefill chunk ends, finished requests)", loaded.model_id)
     policy = TierPolicy(write_through_hits=config.cache.ssd_write_through_hits,
-                        write_new_blocks=config.cache.ssd_write_new_blocks)
-    store, cost = _make_cold_tier(loaded, config, ns, kv_dtype, policy, prefill_rate)
+                        write_new_blocks=config.cache.ssd_write_new_blocks, whole_partials_only=stateful)
+    store, cost = _make_cold_tier(loaded, config, ns, kv_dtype, policy, prefill_rate,
+                                  tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS)
     tiers = TieredCache(pool, ns, MlxPayloadCodec(kv_dtype) if kv_dtype in DTYPES else _NoCodec(),
                         store, policy, cost)
     return PrefixCacheTiers(tiers, spec)
@@ -551,7 +570,7 @@ class _NoCodec:
 
 def _make_cold_tier(
     loaded: LoadedModel, config: ServerConfig, ns: Namespace, kv_dtype: str, policy: TierPolicy,
-    prefill_rate: Callable[[Any, int], float] = measure_prefill_rate,
+    prefill_rate: Callable[[Any, int], float] = measure_prefill_rate, tail_slack_tokens: int = TAIL_SLACK_TOKENS,
 ) -> tuple[SSDStore | None, RestoreCostModel | None]:
     """Open the SSD tier (index rebuilt, budget printed) and measure the restore cost model."""
     if not config.cache.ssd_enabled:
@@ -568,6 +587,7 @@ def _make_cold_tier(
         if budget is None:
             budget, how = default_ssd_cache_bytes(root), "default: 10% of free disk, at most 50 GB"
         store = SSDStore(root, ns, dtype=kv_dtype, max_bytes=budget, model_id=loaded.model_id,
+                         tail_slack_tokens=tail_slack_tokens,
                          progress=sys.stderr.isatty())
     except OSError as e:
         logger.warning("SSD KV cache for %s: off: cannot use %s: %s", loaded.model_id, root, e)

@@ -149,11 +149,16 @@ class BatchRunner:
         block_size: the KV block size chunks align to.
         on_prefill_chunk: called after each prefill chunk (see `ChunkHook`).
         stream: the MLX stream the forward passes run on (default: mlx-lm's generation stream).
+        hold_last_token: prefill a prompt up to its last token, then that token alone (as
+            ``mlx_lm.generate_step`` does): the chunk hook then sees the caches at
+            ``len(prompt) - 1``, where a model with recurrent state is snapshotted (a chat's
+            next turn usually re-tokenizes the prompt's last token, "\\n" after "assistant",
+            together with the answer, so the state after it would not be reused).
     """
 
     def __init__(self, model: Any, *, stop_tokens: Sequence[Sequence[int]], prefill_step_size: int = 2048,
                  mixed_step_size: int | None = None, block_size: int = 256,
-                 on_prefill_chunk: ChunkHook | None = None, stream: Any = None):
+                 on_prefill_chunk: ChunkHook | None = None, stream: Any = None, hold_last_token: bool = False):
         from mlx_lm.generate import StopSequences
 
         self.model = model
@@ -161,6 +166,7 @@ class BatchRunner:
         self.prefill_step_size = max(block_size, prefill_step_size // block_size * block_size)
         self.mixed_step_size = max(1, min(mixed_step_size or self.prefill_step_size, self.prefill_step_size))
         self.on_prefill_chunk = on_prefill_chunk
+        self.hold_last_token = hold_last_token
         self._stream = stream or generation_stream
         self._default_stops = StopSequences(list(stop_tokens) or None)
         self._next_uid = 0
@@ -321,7 +327,10 @@ class BatchRunner:
         end = (pos // step + 1) * step
         if end - pos < step // 2:
             end += step
-        end = min(pos + len(s.pending), end)
+        last = pos + len(s.pending)
+        if end >= last and self.hold_last_token and len(s.pending) > 1:
+            end = last - 1  # the last token runs alone in the next chunk
+        end = min(last, end)
         n = end - pos
         chunk, s.pending = s.pending[:n], s.pending[n:]
         s.tokens.extend(chunk)

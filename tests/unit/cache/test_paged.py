@@ -685,3 +685,26 @@ class PoolMachine(RuleBasedStateMachine):
 
 PoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPoolMachine = PoolMachine.TestCase
+
+
+def test_with_negative_tail_slack_every_tail_is_its_own_and_lookups_reuse_children_whole() -> None:
+    """A recurrent model's snapshot stands at a tail's end: no tail covers, supersedes or stands
+    in for another, and the last child of a hit is used only whole."""
+    pool = BlockPool(max_bytes=1000, block_size=BS, tail_slack_tokens=-1)
+    (short,) = register_chain(pool, [1, 2])
+    pool.release([short])
+    (longer,) = register_chain(pool, [1, 2, 3])
+    pool.release([longer])
+    assert pool.get(short.block_hash or b"") is short and pool.stats().num_dropped_tails == 0
+    (full,) = register_chain(pool, [1, 2, 3, 4])
+    pool.release([full])
+    assert pool.stats().num_tails == 2
+    again = pool.register_tail(NS, None, [1, 2, 3], "x", 10)
+    assert again is longer  # the same tail, not the covering full block
+    pool.release([again])
+    # [1, 2, 3, 9]: the full block and the 3-token tail share 3 tokens; only the tail is whole.
+    hit = pool.lookup([1, 2, 3, 9, 9], NS, whole_partial_only=True)
+    assert hit.partial is longer and hit.num_cached_tokens == 3
+    hit = pool.lookup([1, 2, 7, 9, 9], NS, whole_partial_only=True)
+    assert hit.partial is short and hit.num_cached_tokens == 2
+    assert pool.lookup([1, 2, 3, 9], NS).partial is not None  # without the flag: any common prefix

@@ -526,3 +526,18 @@ def test_the_writer_thread_runs_at_the_lowest_priority(tmp_path):
     if caller_nice < WRITER_NICE:
         assert os.getpriority(os.PRIO_PROCESS, writer.native_id) > caller_nice
     store.close()
+
+
+def test_with_negative_tail_slack_tails_stay_and_best_child_can_be_whole_only(tmp_path: Path):
+    store = make_store(tmp_path, tail_slack_tokens=-1)
+    parent = NS.key()
+    short, longer = [5, 6], [5, 6, 7]
+    for toks in (short, longer):
+        assert store.put(hash_block(parent, toks), parent, toks, host_block(store.dtype, num_tokens=len(toks)))
+        assert store.flush(10)
+    assert store.contains(hash_block(parent, short))  # not superseded by the longer sibling
+    m = store.best_child(parent, [5, 6, 9], whole_only=True)
+    assert m is not None and m.num_common == 2 and list(m.token_ids) == short
+    assert store.best_child(parent, [5, 9], whole_only=True) is None
+    m = store.best_child(parent, [5, 6, 7, 1])
+    assert m is not None and m.num_common == 3

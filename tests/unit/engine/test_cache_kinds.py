@@ -40,9 +40,11 @@ def make_engine(model, tokenizer, root):
     spec = spec_of_model(model)
     n = len(spec.layers)
     ns = Namespace("tiny", "tok", make_kv_format("float32", None, None, spec.describe()), 0, n)
-    store = SSDStore(root, ns, dtype="float32", max_bytes=10**9)
-    tiers = TieredCache(BlockPool(max_bytes=10**9, block_size=BS), ns, MlxPayloadCodec("float32"), store,
-                        TierPolicy(), RestoreCostModel(prefill_tokens_per_s=1.0, read_bytes_per_s=1e9))
+    slack = -1 if spec.has_state else 16  # as make_prefix_cache sets them (PrefixCacheTiers checks)
+    store = SSDStore(root, ns, dtype="float32", max_bytes=10**9, tail_slack_tokens=slack)
+    tiers = TieredCache(BlockPool(max_bytes=10**9, block_size=BS, tail_slack_tokens=slack), ns,
+                        MlxPayloadCodec("float32"), store, TierPolicy(whole_partials_only=spec.has_state),
+                        RestoreCostModel(prefill_tokens_per_s=1.0, read_bytes_per_s=1e9))
     pc = PrefixCacheTiers(tiers, spec)
     eng = Engine("tiny", model, tokenizer, scheduler=Scheduler(8, 64), prefix_cache=pc, block_size=BS,
                  prefill_step_size=32, mixed_step_size=16)
@@ -82,9 +84,12 @@ def test_every_kind_of_hit_is_exact_hot_and_after_a_restart(arch, tokenizer, tmp
         out1 = _tokens(first)
         assert out1 == reference(model, base, 12, eos)
         turn2 = base + out1 + tail2  # the next turn of a chat: the answer, then a new message
+        # A next turn that re-tokenizes the prompt's last token (as "\n" after "assistant"
+        # merges with the answer's first characters in a chat template).
+        retok = base[:-1] + [(base[-1] + 1) % VOCAB] + tail1
         evs = _run_all(eng, [Request("tiny", base + tail1, sp), Request("tiny", base, sp),
-                             Request("tiny", turn2, sp), Request("tiny", other, sp)])
-        for ev, prompt in zip(evs, [base + tail1, base, turn2, other]):
+                             Request("tiny", turn2, sp), Request("tiny", other, sp), Request("tiny", retok, sp)])
+        for ev, prompt in zip(evs, [base + tail1, base, turn2, other, retok]):
             assert _tokens(ev) == reference(model, prompt, 12, eos), (name, len(prompt))
         cached = [_usage(ev).num_cached_tokens for ev in evs]
         assert cached[0] >= 64 and cached[1] >= 64, cached  # blocks of base (state: a snapshot)
@@ -93,6 +98,7 @@ def test_every_kind_of_hit_is_exact_hot_and_after_a_restart(arch, tokenizer, tmp
         else:
             assert cached[2] >= len(base) + len(out1) - BS, cached
         assert cached[3] == 0
+        assert cached[4] == len(base) - 1, cached  # state: the snapshot before the prompt's last token
         stats = pc.stats()
         assert stats["cache_layout"] and (stats["num_snapshots"] > 0) == (name in STATE_ARCHS)
     finally:

@@ -298,3 +298,15 @@ def test_step_sizes_measured_once_per_model_shape(model, monkeypatch):
     assert reused and again is first and not calls
     _, reused = runner.measured_step_sizes(model, 128, max_step=256)  # another block size: measured
     assert not reused and len(calls) == 1
+
+
+def test_hold_last_token_prefills_the_last_prompt_token_alone(model):
+    """With ``hold_last_token`` the chunk hook sees the caches before the prompt's last token
+    (where a recurrent model is snapshotted); the output is unchanged."""
+    calls: list[int] = []
+    (p,) = prompts([100], seed=3)
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=64, block_size=32, hold_last_token=True,
+                         on_prefill_chunk=lambda uid, caches, n: calls.append(n))
+    got = drive(runner, {0: [("a", p)]}, max_tokens=6)
+    assert calls == [64, 99, 100]
+    assert got["a"] == reference(model, p, 6)
