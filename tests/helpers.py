@@ -23,6 +23,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def shared_models_dir() -> Path:
+    """Where test runs share imported models: `$OMLX_TEST_MODELS_DIR`, else `<repo>/.omlx-test/models`."""
+    return Path(os.environ.get("OMLX_TEST_MODELS_DIR") or REPO / ".omlx-test" / "models")
+
+
 def default_model_dir() -> Path:
     """The embedded default model, imported once into the shared test home."""
     from omlx.engine.embedded import ensure_default_model

@@ -1,25 +1,35 @@
 """Convert a GGUF file into a folder that `mlx_lm.load` can open.
 
 Owns: reading GGUF metadata and tensors, dequantizing them to float32, undoing llama.cpp's
-q/k row permutation, writing `config.json`, `model.safetensors` and the tokenizer files
-(`tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`) into a temp folder that
-is renamed into place in one step.
+q/k row permutation and Gemma's norm offset, writing `config.json`, `model.safetensors` and the
+tokenizer files (`tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`, built by
+`gguf_tokenizer`) into a temp folder that is renamed into place in one step.
 Must not: import torch or transformers' GGUF code (it needs torch), pick where models live
 (callers pass the output folder), or print (logging and an optional rich progress bar only).
 
-Architectures: `llama` (SmolLM2, Llama 3.0; not 3.1+ rope scaling) and `qwen2` (Qwen2/2.5); others raise.
-Tokenizers: byte-level BPE (`tokenizer.ggml.model == "gpt2"`) only; SentencePiece files (Gemma,
-Llama 2) raise, since a faithful SentencePiece rebuild is not done here.
+Architectures (`ARCHITECTURES`; others raise): `llama` (SmolLM2, Llama 3.0; not 3.1+ rope
+scaling), `qwen2` (Qwen2/2.5) and `gemma3` (Gemma 3 text models, written as mlx-lm's
+`gemma3_text`; no logit soft-capping). Tokenizers: see `gguf_tokenizer` (byte-level BPE for all,
+SentencePiece for gemma3).
 
-Formats followed:
+Formats followed, and where each conversion fact comes from:
 - GGUF: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (metadata key names such as
-  `llama.rope.freq_base`, `tokenizer.ggml.tokens`, tensor names such as `blk.N.attn_q.weight`).
-- The q/k permutation: `LlamaModel.permute` in llama.cpp's `convert_hf_to_gguf.py`.
+  `llama.rope.freq_base`, `tokenizer.ggml.tokens`, tensor names such as `blk.N.attn_q.weight`);
+  per-architecture tensor names: gguf-py's `constants.py` / `tensor_mapping.py` in llama.cpp.
+- The q/k permutation: `LlamaModel.permute` in llama.cpp's `convert_hf_to_gguf.py`, applied to
+  llama only; qwen2 and gemma3 use NEOX (rotate-half) rope in llama.cpp
+  (`llama_model_rope_type`), so their converters permute nothing.
+- Gemma's norms: llama.cpp's `Gemma3Model.modify_tensors` adds 1 to every tensor whose HF name
+  ends in `norm.weight` (the four block norms, q/k norms and the final norm); mlx-lm's
+  `gemma3_text.RMSNorm` computes with `1 + weight`, so the importer subtracts 1 again (as
+  transformers' `Gemma2TensorProcessor` does for gemma3).
+- Gemma 3's config: the file carries `gemma3.rope.freq_base` (global layers) and
+  `gemma3.attention.sliding_window`; the sliding pattern (6), the local rope base (10000) and the
+  attention scale are llama.cpp constants (`llama-model.cpp`, LLM_ARCH_GEMMA3), see
+  `_gemma3_config`. Keys and defaults: mlx-lm 0.32 `mlx_lm/models/gemma3_text.py::ModelArgs`.
 - Dequantization: the `gguf` package (`gguf.quants.dequantize`), llama.cpp's own numpy port of
   ggml's block formats; it covers every type (Q4_0 … Q8_0, the K-quants, BF16), where
   `mx.load` keeps only Q4_0/Q4_1/Q8_0.
-- Token types: llama.cpp's `llama_token_type` (1 normal, 2 unknown, 3 control, 4 user defined,
-  5 unused, 6 byte); pre-tokenizer regexes: llama.cpp's `llama-vocab.cpp` per `tokenizer.ggml.pre`.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from omlx.engine.gguf_tokenizer import build_tokenizer, build_tokenizer_config
 from omlx.errors import ModelImportError
 
 logger = logging.getLogger(__name__)
@@ -47,21 +58,6 @@ logger = logging.getLogger(__name__)
 IMPORT_MARKER = "omlx_import.json"
 #: Bumped when the output of `import_gguf` changes for the same input file.
 IMPORT_FORMAT_VERSION = 1
-
-# llama_token_type in llama.cpp's llama-vocab.h.
-_TOKEN_CONTROL = 3
-_TOKEN_USER_DEFINED = 4
-
-# Pre-tokenizer split regexes, by `tokenizer.ggml.pre` (llama.cpp llama-vocab.cpp).
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +69,16 @@ class ArchSpec:
         hf_architecture: the `architectures` entry HF configs carry.
         permute_qk: llama.cpp permuted q/k rows when writing the file (llama family only).
         layer_tensors: GGUF per-layer tensor stem -> HF module path under `model.layers.N.`.
+        norm_offset: subtracted from every tensor whose HF name ends in `norm.weight`: llama.cpp
+            stores Gemma's RMSNorm weights as `1 + w` (the scale they multiply by), while HF
+            checkpoints and mlx-lm's Gemma `RMSNorm` keep `w` and compute with `1 + w`.
     """
 
     model_type: str
     hf_architecture: str
     permute_qk: bool
     layer_tensors: Mapping[str, str] = field(default_factory=dict)
+    norm_offset: float = 0.0
 
 
 _COMMON_LAYER_TENSORS = {
@@ -93,10 +93,37 @@ _COMMON_LAYER_TENSORS = {
     "ffn_down": "mlp.down_proj",
 }
 
+# Gemma 3 has four norms per block; llama.cpp's `ffn_norm` is its pre-feedforward norm, not the
+# post-attention one (gguf-py `tensor_mapping.py`, MODEL_ARCH.GEMMA3 in `constants.py`).
+_GEMMA3_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": ArchSpec("llama", "LlamaForCausalLM", permute_qk=True, layer_tensors=_COMMON_LAYER_TENSORS),
     "qwen2": ArchSpec("qwen2", "Qwen2ForCausalLM", permute_qk=False, layer_tensors=_COMMON_LAYER_TENSORS),
+    # Gemma's rope is NEOX-style (rotate-half) in llama.cpp too, so nothing was permuted.
+    "gemma3": ArchSpec(
+        "gemma3_text", "Gemma3ForCausalLM", permute_qk=False, layer_tensors=_GEMMA3_LAYER_TENSORS, norm_offset=1.0
+    ),
 }
+
+# llama.cpp's constants for gemma3 that its GGUF files do not carry (llama-model.cpp, LLM_ARCH_GEMMA3:
+# `set_swa_pattern(6)`, `rope_freq_base_train_swa = 10000.0f`).
+_GEMMA3_SWA_PATTERN = 6
+_GEMMA3_ROPE_LOCAL_BASE = 10000.0
 
 
 # --------------------------------------------------------------------------- permutation
@@ -213,7 +240,7 @@ def build_config(contents: GGUFContents) -> dict[str, Any]:
 
     `rope_theta` comes from `<arch>.rope.freq_base` and is always written: mlx-lm's llama falls
     back to 10000 silently, and SmolLM2 needs 100000. `tie_word_embeddings` is true exactly when
-    the file has no `output.weight`.
+    the file has no `output.weight`. Gemma 3 adds the keys of `_gemma3_config`.
 
     Raises:
         ModelImportError: unknown architecture, a missing required key, or rope scaling this
@@ -233,16 +260,25 @@ def build_config(contents: GGUFContents) -> dict[str, Any]:
         value = contents.arch_key(key)
         if value is None:
             raise ModelImportError(f"GGUF metadata lacks {arch}.{key}")
+        if isinstance(value, list):
+            raise ModelImportError(f"GGUF metadata {arch}.{key} is a per-layer list, which is not supported")
         return value
 
     hidden_size = int(need("embedding_length"))
     n_heads = int(need("attention.head_count"))
-    n_kv_heads = int(contents.arch_key("attention.head_count_kv", n_heads))
+    has_kv_heads = contents.arch_key("attention.head_count_kv") is not None
+    n_kv_heads = int(need("attention.head_count_kv")) if has_kv_heads else n_heads
     head_dim = int(contents.arch_key("attention.key_length", hidden_size // n_heads))
     tokens = contents.metadata.get("tokenizer.ggml.tokens")
     vocab_size = int(contents.arch_key("vocab_size", len(tokens) if tokens else 0))
     if not vocab_size:
         raise ModelImportError(f"GGUF metadata gives no vocabulary size ({arch}.vocab_size or tokenizer.ggml.tokens)")
+    # llama.cpp's default when the key is absent is 10000, so this matches llama.cpp; gemma3
+    # files always carry it (transformers would assume 1e6 there), so there it is required.
+    if spec.model_type == "gemma3_text":
+        rope_theta = need("rope.freq_base")
+    else:
+        rope_theta = contents.arch_key("rope.freq_base", 10000.0)
     config: dict[str, Any] = {
         "architectures": [spec.hf_architecture],
         "model_type": spec.model_type,
@@ -253,8 +289,7 @@ def build_config(contents: GGUFContents) -> dict[str, Any]:
         "num_key_value_heads": n_kv_heads,
         "head_dim": head_dim,
         "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
-        # llama.cpp's default when the key is absent is 10000 too, so this matches llama.cpp.
-        "rope_theta": _f32(contents.arch_key("rope.freq_base", 10000.0)),
+        "rope_theta": _f32(rope_theta),
         "max_position_embeddings": int(contents.arch_key("context_length", 2048)),
         "vocab_size": vocab_size,
         "tie_word_embeddings": "output.weight" not in contents.tensor_names,
@@ -269,15 +304,68 @@ def build_config(contents: GGUFContents) -> dict[str, Any]:
         factor = contents.arch_key("rope.scaling.factor")
         if scaling_type != "linear" or factor is None:
             raise ModelImportError(f"rope scaling {scaling_type!r} is not supported by this importer")
+        # gemma3_text applies it to the global layers only, as llama.cpp does (rope_freq_scale_train_swa = 1).
         config["rope_scaling"] = {"type": "linear", "rope_type": "linear", "factor": _f32(factor)}
     if spec.model_type == "llama":
         config["attention_bias"] = "blk.0.attn_q.bias" in contents.tensor_names
         config["mlp_bias"] = "blk.0.ffn_up.bias" in contents.tensor_names
+    if spec.model_type == "gemma3_text":
+        del config["hidden_act"]
+        config.update(_gemma3_config(contents, config))
     for key, name in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
         value = contents.metadata.get(f"tokenizer.ggml.{key}")
         if value is not None:
             config[name] = int(value)
     return config
+
+
+def _gemma3_config(contents: GGUFContents, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The gemma3_text keys a GGUF does not state outright, as llama.cpp derives them.
+
+    Each is written explicitly, because mlx-lm's `gemma3_text.ModelArgs` has a default for every
+    one (those of a 1B model) and uses it silently when the key is missing:
+    - `sliding_window` <- `gemma3.attention.sliding_window`; absent or 0 means no sliding layers
+      (llama.cpp: LLAMA_SWA_TYPE_NONE), written as `sliding_window_pattern = 1`.
+    - `sliding_window_pattern` = 6: layer i slides unless `(i + 1) % 6 == 0` (llama.cpp's
+      `set_swa_pattern(6)`, the same rule as mlx-lm's and HF's `layer_types`, also written).
+    - `rope_local_base_freq` = 10000 for the sliding layers (llama.cpp's constant; the file's
+      `rope.freq_base` is the global layers' `rope_theta`).
+    - `query_pre_attn_scalar` = head_dim, except hidden_size / heads for the 62-layer (27B) model
+      (llama.cpp's `f_attention_scale`, after gemma_pytorch's config).
+    - `hidden_activation` = gelu_pytorch_tanh (mlx-lm hard-codes `gelu_approx`; HF reads this).
+
+    Raises:
+        ModelImportError: value and key head sizes differ, or the file asks for logit
+            soft-capping, which mlx-lm's gemma3_text does not implement.
+    """
+    value_length = contents.arch_key("attention.value_length")
+    if value_length is not None and int(value_length) != config["head_dim"]:
+        raise ModelImportError(f"gemma3 value head size {value_length} != key head size {config['head_dim']}; not supported")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if contents.arch_key(key):
+            raise ModelImportError(
+                f"GGUF sets gemma3.{key} = {contents.arch_key(key)}; mlx-lm's gemma3_text has no logit "
+                "soft-capping, so this model would compute wrong logits"
+            )
+    n_layers = config["num_hidden_layers"]
+    window = int(contents.arch_key("attention.sliding_window", 0) or 0)
+    pattern = _GEMMA3_SWA_PATTERN if window > 0 else 1
+    if pattern > n_layers:
+        raise ModelImportError(f"gemma3 with {n_layers} layers has no global layer (every 6th); not supported")
+    n_heads = config["num_attention_heads"]
+    scalar = config["hidden_size"] // n_heads if n_layers == 62 else config["head_dim"]
+    return {
+        "sliding_window": window if window > 0 else config["max_position_embeddings"],
+        "sliding_window_pattern": pattern,
+        "layer_types": [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)
+        ],
+        "rope_local_base_freq": _GEMMA3_ROPE_LOCAL_BASE,
+        "query_pre_attn_scalar": scalar,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
 
 
 # --------------------------------------------------------------------------- weights
@@ -303,7 +391,8 @@ def hf_tensor_name(gguf_name: str, spec: ArchSpec) -> str:
 
 
 def iter_hf_tensors(contents: GGUFContents, config: Mapping[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield `(hf_name, float32 array)` for every tensor, dequantized and un-permuted.
+    """Yield `(hf_name, float32 array)` for every tensor, dequantized, un-permuted and with the
+    norm offset removed (`ArchSpec.norm_offset`: Gemma's `1 + w` back to `w`).
 
     Side effects: none; each tensor is dequantized when the iterator reaches it.
     """
@@ -316,125 +405,10 @@ def iter_hf_tensors(contents: GGUFContents, config: Mapping[str, Any]) -> Iterat
             w = unpermute_qk(w, config["num_attention_heads"])
         elif spec.permute_qk and stem == "attn_k":
             w = unpermute_qk(w, config["num_key_value_heads"])
+        if spec.norm_offset and name.endswith("norm.weight"):
+            # The same test llama.cpp's converter adds the offset under (HF names ending in norm.weight).
+            w = w - np.float32(spec.norm_offset)
         yield name, w
-
-
-# --------------------------------------------------------------------------- tokenizer
-
-
-def _pre_tokenizer(pre: str | None) -> Any:
-    """The `tokenizers` pre-tokenizer for llama.cpp's `tokenizer.ggml.pre` name."""
-    from tokenizers import Regex, pre_tokenizers
-
-    def split_then_bytes(pattern: str) -> Any:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-
-    if pre == "smollm":
-        # llama.cpp splits every digit first, then applies GPT-2's regex; this is also what
-        # HuggingFaceTB/SmolLM2's own tokenizer.json says (Digits + ByteLevel).
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-            ]
-        )
-    if pre in ("qwen2", "deepseek-r1-qwen"):
-        return split_then_bytes(_QWEN2_SPLIT)
-    if pre in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe"):
-        return split_then_bytes(_LLAMA3_SPLIT)
-    if pre not in (None, "default", "gpt-2", "gpt2"):
-        logger.warning(
-            "GGUF pre-tokenizer %r is not known to omlx; using GPT-2's split. Tokenization of numbers "
-            "and punctuation may differ from llama.cpp's.",
-            pre,
-        )
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-def build_tokenizer(metadata: Mapping[str, Any]) -> Any:
-    """A `tokenizers.Tokenizer` equal to the one the GGUF metadata describes (byte-level BPE).
-
-    Vocabulary and merges come from `tokenizer.ggml.tokens` / `.merges`; tokens typed control (3)
-    become special added tokens and user-defined (4) plain added tokens, so both are matched whole.
-    BOS is prepended only if `tokenizer.ggml.add_bos_token` is true.
-
-    Raises:
-        ModelImportError: no tokenizer, or a tokenizer model other than `gpt2` (byte-level BPE).
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
-
-    kind = metadata.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelImportError(
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
-            "import the original folder with its tokenizer.json instead"
-        )
-    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
-    vocab = {token: i for i, token in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        logger.warning("GGUF vocabulary has %d duplicate token strings; later ids win", len(tokens) - len(vocab))
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    pre = metadata.get("tokenizer.ggml.pre")
-    if pre == "qwen2":
-        tokenizer.normalizer = normalizers.NFC()  # as in Qwen2's own tokenizer.json
-    tokenizer.pre_tokenizer = _pre_tokenizer(pre)
-    tokenizer.decoder = decoders.ByteLevel()
-
-    token_types = list(metadata.get("tokenizer.ggml.token_type", []))
-    special = [t for t, kind_ in zip(tokens, token_types) if kind_ == _TOKEN_CONTROL]
-    user = [t for t, kind_ in zip(tokens, token_types) if kind_ == _TOKEN_USER_DEFINED]
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-
-    bos_id = metadata.get("tokenizer.ggml.bos_token_id")
-    if metadata.get("tokenizer.ggml.add_bos_token") and bos_id is not None:
-        bos = tokens[int(bos_id)]
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, int(bos_id))]
-        )
-    else:
-        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tokenizer
-
-
-def build_tokenizer_config(metadata: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`(tokenizer_config.json, special_tokens_map.json)` contents from GGUF metadata."""
-    tokens: list[str] = metadata["tokenizer.ggml.tokens"]
-    token_types = list(metadata.get("tokenizer.ggml.token_type", []))
-
-    def token(key: str) -> str | None:
-        index = metadata.get(f"tokenizer.ggml.{key}")
-        return tokens[int(index)] if index is not None and 0 <= int(index) < len(tokens) else None
-
-    special_map: dict[str, Any] = {}
-    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
-        value = token(key)
-        if value is not None:
-            special_map[name] = value
-    special_map["additional_special_tokens"] = [
-        t for t, kind in zip(tokens, token_types) if kind == _TOKEN_CONTROL and t not in special_map.values()
-    ]
-    arch = metadata.get("general.architecture", "")
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": int(metadata.get(f"{arch}.context_length", 2048)),
-        **{k: v for k, v in special_map.items() if k != "additional_special_tokens"},
-        "additional_special_tokens": special_map["additional_special_tokens"],
-    }
-    template = metadata.get("tokenizer.chat_template")
-    if template:
-        config["chat_template"] = template
-    return config, special_map
 
 
 # --------------------------------------------------------------------------- writing

