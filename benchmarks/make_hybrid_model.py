@@ -10,6 +10,7 @@ SHAPE:
     qwen3_5-2b   Qwen3.5-2B-like: 24 layers, every 4th full attention (8 heads x 256, 2 KV heads),
                  the others gated delta-net (16 heads x 128) -> cache layout S2*3,A repeated
     gemma3-1b    Gemma-3-1B-like: 26 layers, sliding window 512 on 5 of every 6
+    small-qwen3_5  the same family at hidden size 512, 8 layers (~40M parameters: a CPU run)
     tiny-qwen3_5, tiny-gemma3   the same families at hidden size 64 (a CPU smoke test)
 """
 
@@ -34,6 +35,11 @@ SHAPES = {
                       num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
                       sliding_window_pattern=6, query_pre_attn_scalar=256, vocab_size=VOCAB,
                       max_position_embeddings=32768),
+    "small-qwen3_5": {"model_type": "qwen3_5", "text_config": dict(
+        model_type="qwen3_5_text", hidden_size=512, num_hidden_layers=8, intermediate_size=1536,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=128, linear_num_value_heads=8,
+        linear_num_key_heads=4, linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+        full_attention_interval=4, vocab_size=VOCAB, tie_word_embeddings=True)},
     "tiny-qwen3_5": {"model_type": "qwen3_5", "text_config": dict(
         model_type="qwen3_5_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
