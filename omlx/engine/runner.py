@@ -270,25 +270,30 @@ class BatchRunner:
         return out
 
     def decode_caches(self, uid: int) -> list[Any] | None:
-        """Batch-1 views of decoding sequence ``uid``'s KV (no copy): its own caches when it
-        decodes alone, per-layer ``KVCache`` views of its row of a merged ``BatchKVCache``;
-        None when it is not decoding or its caches are of another class."""
-        from mlx_lm.models.cache import BatchKVCache, KVCache
+        """Batch-1 caches of decoding sequence ``uid``: its own caches when it decodes alone;
+        of a merged batch, per-layer ``KVCache`` views of its row of each ``BatchKVCache`` (no
+        copy) and ``extract`` copies of its row of window (``BatchRotatingKVCache``, no sink
+        tokens) and state (``ArraysCache``) layers. None when it is not decoding or a layer is
+        of another class. The caches may already hold the step in flight (one token more)."""
+        from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, KVCache
 
         row = next((i for i, s in enumerate(self._rows) if s.uid == uid), None)
         if row is None:
             return None
         if not self._merged:
             return self._cache
-        if not all(isinstance(c, BatchKVCache) for c in self._cache):
-            return None
-        pad = self._cache[0].left_padding[row].item()
-        views = []
+        views: list[Any] = []
         for c in self._cache:
-            v = KVCache()
-            k, vv = c.keys[row : row + 1, :, pad : c._idx], c.values[row : row + 1, :, pad : c._idx]
-            v.state = (k, vv, k.shape[2])
-            views.append(v)
+            if isinstance(c, BatchKVCache):
+                pad = c.left_padding[row].item()
+                v = KVCache()
+                k, vv = c.keys[row : row + 1, :, pad : c._idx], c.values[row : row + 1, :, pad : c._idx]
+                v.state = (k, vv, k.shape[2])
+                views.append(v)
+            elif (isinstance(c, BatchRotatingKVCache) and not getattr(c, "keep", 0)) or isinstance(c, ArraysCache):
+                views.append(c.extract(row))
+            else:
+                return None
         return views
 
     def next(self) -> tuple[list[PromptResponse], list[TokenResponse]]:

@@ -127,3 +127,14 @@ def test_greedy_continuation_matches_reference(loaded: tuple[Any, Any]) -> None:
     assert re.fullmatch(r"[A-Za-z ,.'\n-]+", text) and len(text.split()) >= 8, text
     # The first 8 tokens exactly as transformers' greedy decode (all 16 agree on this CPU).
     assert ids[:8] == greedy["ids"][:8], (text, greedy["text"])
+
+
+def test_a_chat_prompt_of_a_model_without_a_template_starts_with_its_bos(loaded: tuple[Any, Any]) -> None:
+    """gemma-3-270m has no chat template: a chat request is its messages as plain text, and
+    without the BOS the tokenizer adds to /v1/completions prompts the model only repeats tokens."""
+    from omlx.engine.chat import render_prompt
+
+    _, tokenizer = loaded
+    rendered = render_prompt(tokenizer, [{"role": "user", "content": "The capital of France is"}])
+    assert rendered.token_ids[0] == tokenizer.bos_token_id
+    assert rendered.token_ids == tokenizer.encode("The capital of France is")

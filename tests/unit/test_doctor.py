@@ -124,3 +124,30 @@ def test_serve_blas_reports_the_preload(monkeypatch):
     assert b["this_process"]["name"] == "reference"
     b = doctor.serve_blas(preload_blas=False)
     assert b["name"] == "reference" and not b["fast"] and "OMLX_PRELOAD_BLAS" in b["advice"]
+
+
+def test_each_model_folder_names_its_cache_layout_and_whether_the_prefix_cache_holds_it(tmp_path):
+    """Read from config.json without loading weights: a plain llama and a sliding-window gemma3
+    are on; a folder mlx-lm cannot read is named as such (prefix cache off: a warning)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from tests.unit.engine.archs import tiny
+
+    models = tmp_path / "home" / "models"
+    (models / "broken").mkdir(parents=True)
+    (models / "broken" / "config.json").write_text('{"model_type": "no_such_arch"}')
+    g = models / "tiny-gemma3"
+    g.mkdir()
+    model = tiny("gemma3_text")
+    mx.save_safetensors(str(g / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    from tests.unit.engine.archs import CONFIGS
+
+    (g / "config.json").write_text(json.dumps(CONFIGS["gemma3_text"]))
+    r, report = _doctor(tmp_path, "--port", str(_free_port()))
+    found = next(f for f in report["findings"] if f["check"] == "models")
+    caches = found["detail"]["caches"]
+    assert caches["tiny-gemma3"] == {"layout": "W16k0,A,W16k0,A", "prefix_cache": True}
+    assert caches["broken"]["prefix_cache"] is False and "cannot read" in caches["broken"]["layout"]
+    assert found["level"] == "warning" and found["fix"]
+    assert "tiny-gemma3 (cache W16k0,A,W16k0,A; prefix cache on)" in found["summary"]

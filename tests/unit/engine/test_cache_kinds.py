@@ -133,3 +133,28 @@ def test_eight_concurrent_requests_sharing_a_prefix_are_exact(arch, tokenizer, t
     finally:
         eng.stop()
         pc.close(30)
+
+
+def test_blocks_decoded_in_a_batch_on_a_window_model_are_cached_as_they_fill(tokenizer, tmp_path):
+    """Two requests decode side by side (a merged ``BatchRotatingKVCache``) for longer than the
+    window: each block the answer fills is cached at once (a window cache at the end holds only
+    its last ``W`` tokens, too late for the older ones), and a prompt over the answer hits them."""
+    from omlx.request import Request, SamplingParams
+
+    model = tiny("gemma3_text")
+    eos = frozenset(tokenizer.eos_token_ids)
+    sp = SamplingParams(max_tokens=48, temperature=0.0)
+    a, b, more = rand_prompts([40, 37, 9], seed=21)
+    eng, pc = make_engine(model, tokenizer, tmp_path)
+    try:
+        evs = _run_all(eng, [Request("tiny", a, sp), Request("tiny", b, sp)])
+        out = _tokens(evs[0])
+        if len(out) < 40:
+            pytest.skip(f"the random model stopped after {len(out)} tokens")  # EOS drawn early
+        nxt = a + out[:40] + more
+        ev = _run_all(eng, [Request("tiny", nxt, SamplingParams(max_tokens=8, temperature=0.0))])[0]
+        assert _tokens(ev) == reference(model, nxt, 8, eos)
+        assert _usage(ev).num_cached_tokens >= (len(a) + 40) // BS * BS, _usage(ev)
+    finally:
+        eng.stop()
+        pc.close(30)
