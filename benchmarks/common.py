@@ -225,7 +225,7 @@ class Server:
                 self.base_path = Path(tempfile.mkdtemp(prefix="omlx-bench-home-"))
             models = self.base_path / "models"
             if not models.is_symlink():
-                models.symlink_to(self.model_dir.parent, target_is_directory=True)
+                models.symlink_to(self.model_dir.resolve().parent, target_is_directory=True)
             cmd = [sys.executable, "-m", "omlx", "serve", "--port", str(self.port), "--base-path", str(self.base_path)]
             if self.model_dir.resolve() != DEFAULT_MODEL_DIR.resolve():
                 cmd += ["--model", str(self.model_dir)]

@@ -4,6 +4,7 @@ Each config is small (2-4 layers, hidden 64, vocab 512) but keeps its family's c
 
 - ``gemma3_text``: sliding-window layers (``RotatingKVCache``, window 16) beside global ones;
 - ``gpt_oss``: sliding and full attention, mixture-of-experts MLP;
+- ``qwen3_5``: Qwen3.5's text model, gated delta-net and attention alternating;
 - ``qwen3_next``: gated delta-net layers (``ArraysCache``: conv + recurrent state) beside
   attention (``full_attention_interval`` 2);
 - ``nemotron_h``: Mamba-2 layers (``ArraysCache``), attention and MLP (pattern ``M*M-``);
@@ -36,6 +37,11 @@ CONFIGS: dict[str, dict] = {
                        rms_norm_eps=1e-6, vocab_size=VOCAB, num_key_value_heads=2, rope_theta=10000.0,
                        partial_rotary_factor=0.25, max_position_embeddings=4096, head_dim=16,
                        full_attention_interval=2),
+    "qwen3_5": {"model_type": "qwen3_5", "text_config": dict(
+        model_type="qwen3_5_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=4,
+        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        full_attention_interval=2, vocab_size=VOCAB, tie_word_embeddings=True)},
     "nemotron_h": dict(model_type="nemotron_h", vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                        max_position_embeddings=4096, num_attention_heads=4, num_key_value_heads=2,
                        attention_bias=False, mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False,

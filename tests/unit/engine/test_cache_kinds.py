@@ -17,7 +17,7 @@ from tests.unit.engine.test_runner import _run_all, _tokens, _usage, reference
 
 BS = 16
 ARCHS = sorted(CONFIGS)
-STATE_ARCHS = {"qwen3_next", "nemotron_h"}
+STATE_ARCHS = {"qwen3_5", "qwen3_next", "nemotron_h"}
 
 
 def rand_prompts(lengths: list[int], seed: int) -> list[list[int]]:
