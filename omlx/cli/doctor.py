@@ -16,19 +16,20 @@ from omlx.cli.common import config_from
 _COLOR = {"ok": "green", "info": "blue", "warning": "yellow", "error": "red"}
 
 
-def _model_caches(models_dir) -> dict[str, tuple[str, bool]]:
-    """Each model folder's cache layout, read from its config without loading weights."""
+def _model_caches(models_dir) -> dict[str, tuple[str, bool | None]]:
+    """Each model folder's cache layout, read from its config without loading weights (None:
+    not a language model mlx-lm builds, e.g. an embedding model omlx serves with its own encoder)."""
     from omlx.engine.cache_spec import describe_model_cache
 
-    out: dict[str, tuple[str, bool]] = {}
+    out: dict[str, tuple[str, bool | None]] = {}
     if not models_dir.is_dir():
         return out
     for p in sorted(models_dir.iterdir()):
         if (p / "config.json").is_file():
             try:
                 out[p.name] = describe_model_cache(p)
-            except Exception as e:  # a folder mlx-lm cannot read is the models check's to report
-                out[p.name] = (f"cannot read its architecture: {e}", False)
+            except Exception as e:  # not an mlx-lm language model: no prefix cache applies
+                out[p.name] = (f"not an mlx-lm language model ({type(e).__name__}: {e})", None)
     return out
 
 

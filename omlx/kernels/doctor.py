@@ -60,12 +60,13 @@ class Facts:
         memory_ceiling_bytes: the ceiling ``omlx serve`` would enforce (``omlx.memory``).
         bind_problem: why ``omlx serve`` could not bind host:port, or None when it could.
         model_caches: per model folder name, (cache layout or why the prefix cache cannot
-            hold it, whether it can) (``omlx.engine.cache_spec.describe_model_cache``).
+            hold it, whether it can; None for a folder that is no mlx-lm language model)
+            (``omlx.engine.cache_spec.describe_model_cache``).
     """
 
     memory_ceiling_bytes: int | None
     bind_problem: str | None
-    model_caches: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    model_caches: dict[str, tuple[str, bool | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,10 +368,11 @@ def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
         if name not in facts.model_caches:
             return name
         text, ok = facts.model_caches[name]
-        return f"{name} (cache {text}; prefix cache {'on' if ok else 'off'})" if ok else \
-            f"{name} (prefix cache off: {text})"
+        if ok is None:
+            return name
+        return f"{name} (cache {text}; prefix cache on)" if ok else f"{name} (prefix cache off: {text})"
 
-    off = [n for n, (_, ok) in facts.model_caches.items() if not ok]
+    off = [n for n, (_, ok) in facts.model_caches.items() if ok is False]
     summary = f"{len(present)} model(s): {', '.join(named(n) for n in present)}"
     if off:
         return Finding("models", "warning", summary, "these models serve without prefix reuse: every prompt "

@@ -127,8 +127,9 @@ def test_serve_blas_reports_the_preload(monkeypatch):
 
 
 def test_each_model_folder_names_its_cache_layout_and_whether_the_prefix_cache_holds_it(tmp_path):
-    """Read from config.json without loading weights: a plain llama and a sliding-window gemma3
-    are on; a folder mlx-lm cannot read is named as such (prefix cache off: a warning)."""
+    """Read from config.json without loading weights: a sliding-window gemma3 is on; a folder
+    mlx-lm cannot build (an embedding model, say) is named so and warns of nothing; a model whose
+    cache the prefix cache cannot hold is a warning."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -148,6 +149,11 @@ def test_each_model_folder_names_its_cache_layout_and_whether_the_prefix_cache_h
     found = next(f for f in report["findings"] if f["check"] == "models")
     caches = found["detail"]["caches"]
     assert caches["tiny-gemma3"] == {"layout": "W16k0,A,W16k0,A", "prefix_cache": True}
-    assert caches["broken"]["prefix_cache"] is False and "cannot read" in caches["broken"]["layout"]
-    assert found["level"] == "warning" and found["fix"]
+    assert caches["broken"]["prefix_cache"] is None and "not an mlx-lm language model" in caches["broken"]["layout"]
+    assert found["level"] == "ok", found
     assert "tiny-gemma3 (cache W16k0,A,W16k0,A; prefix cache on)" in found["summary"]
+    facts = doctor.Facts(memory_ceiling_bytes=8 * 10**9, bind_problem=None,
+                         model_caches={"tiny-gemma3": ("layer 0 uses QuantizedKVCache", False)})
+    cfg = load_config({"base_path": str(tmp_path / "home")})
+    f = doctor.check_models(cfg, facts)
+    assert f.level == "warning" and f.fix and "prefix cache off: layer 0 uses QuantizedKVCache" in f.summary
