@@ -79,7 +79,8 @@ def layer_specs(caches: Sequence[Any]) -> tuple[LayerSpec, ...]:
     """The kind of each layer's cache (fresh caches from ``make_prompt_cache``).
 
     Raises:
-        UnsupportedCacheError: a class this module does not know (named in the message).
+        UnsupportedCacheError: a class this module does not know (named in the message), or
+            only state layers (a pure Mamba/RWKV model: no per-token KV to key blocks by).
     """
     out = []
     for i, c in enumerate(caches):
@@ -92,6 +93,10 @@ def layer_specs(caches: Sequence[Any]) -> tuple[LayerSpec, ...]:
         else:
             raise UnsupportedCacheError(f"layer {i} uses {type(c).__name__}, which the prefix cache cannot "
                                         "cut into exact blocks yet")
+    if out and all(s.kind == STATE for s in out):
+        # Blocks are keyed and sized by their per-token KV; a model without any has none.
+        raise UnsupportedCacheError("every layer is recurrent state (no attention layer): a state-only model "
+                                    "is not cached yet")
     return tuple(out)
 
 
@@ -178,9 +183,6 @@ class CacheSpec:
         for i in self.token_layers:
             return int(caches[i].offset)
         return None
-
-    def is_empty(self, caches: Sequence[Any]) -> bool:
-        return any(c.empty() for c in caches)
 
     def held_from(self, caches: Sequence[Any]) -> int:
         """The first position every window layer still holds (0 when all do): blocks before it
@@ -320,15 +322,11 @@ def has_snapshot(payload: Payload) -> bool:
 
 
 def _payload_tokens(payload: Payload) -> int:
+    """Tokens a payload's per-token tensors hold (0 for a snapshot-only payload)."""
     for k, x in payload.items():
         if not k.startswith(STATE_PREFIX):
             return int(x.shape[-2])
     return 0
-
-
-def payload_tokens(payload: Payload) -> int:
-    """Tokens a payload's per-token tensors hold (0 for a snapshot-only payload)."""
-    return _payload_tokens(payload)
 
 
 def payload_bytes(payload: Payload) -> int:
@@ -369,4 +367,4 @@ def describe_model_cache(path: Any) -> tuple[str, bool]:
 
 __all__ = ["ATTENTION", "STATE", "WINDOW", "CacheSpec", "LayerSpec", "NotHeldError", "Payload",
            "UnsupportedCacheError", "describe", "describe_model_cache", "freeze", "has_snapshot", "layer_specs", "payload_bytes",
-           "payload_tokens", "spec_of_model"]
+           "spec_of_model"]

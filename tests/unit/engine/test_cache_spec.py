@@ -48,6 +48,8 @@ def test_layer_kinds_and_their_description():
     assert describe(specs) == "A,W512k0*2,S2"
     with pytest.raises(UnsupportedCacheError, match="QuantizedKVCache"):
         layer_specs([KVCache(), QuantizedKVCache()])
+    with pytest.raises(UnsupportedCacheError, match="state-only"):
+        layer_specs([ArraysCache(2), ArraysCache(2)])
 
 
 def test_a_state_hit_ends_at_the_last_part_used_whole_with_a_snapshot():
