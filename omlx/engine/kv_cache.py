@@ -218,7 +218,6 @@ class PrefixCacheTiers:
     num_whole_hits: int = 0
     num_snapshots: int = 0
     num_hits_cut_to_snapshot: int = 0
-    disabled_reason: str | None = None
 
     def __post_init__(self) -> None:
         tiers = self.tiers
@@ -252,8 +251,6 @@ class PrefixCacheTiers:
                 whole hit emits its first token before paying for the copy).
         """
         hashes = BlockHashes(self.namespace.key(), self.block_size)
-        if self.disabled_reason is not None:
-            return Lease(TieredHit(), 0, block_hashes=hashes)
         hashes.extend(token_ids)
         with self._lock:
             hit = self.tiers.acquire(token_ids, whole=whole, block_hashes=hashes.hashes)
@@ -372,7 +369,7 @@ class PrefixCacheTiers:
             The number of blocks newly registered by this call (0 when none completed, all
             were cached already, or the hot budget is full).
         """
-        if lease.released or lease.hot_full or self.disabled_reason or not caches:
+        if lease.released or lease.hot_full or not caches:
             return 0
         seen = self.spec.num_tokens(caches)
         num_tokens = min(num_tokens, len(token_ids), num_tokens if seen is None else seen)
@@ -404,7 +401,7 @@ class PrefixCacheTiers:
         or before; the blocks the lease holds stay cached either way, and a chain `cache_blocks`
         stopped for a full budget is tried again from where it stopped.
         """
-        if not prompt_cache or self.disabled_reason:
+        if not prompt_cache:
             return
         seen = self.spec.num_tokens(prompt_cache)
         if seen == 0:
@@ -441,13 +438,6 @@ class PrefixCacheTiers:
             return p, payload_bytes(p)
 
         return payload
-
-    def _disable(self, exc: Exception) -> None:
-        if self.disabled_reason is None:
-            self.disabled_reason = f"the prefix cache cannot hold this model's KV: {exc}"
-            logger.error("prefix cache OFF for this model (no hits, no stores, no SSD writes): %s; the "
-                         "model still serves, prefilling every prompt in full", self.disabled_reason)
-            self.tiers.clear()
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """Feed a measured prefill (``num_tokens`` computed in ``seconds``, the request alone in
@@ -505,7 +495,6 @@ class PrefixCacheTiers:
             "cache_layout": self.spec.describe(),
             "num_snapshots": self.num_snapshots,
             "num_hits_cut_to_snapshot": self.num_hits_cut_to_snapshot,
-            "disabled_reason": self.disabled_reason,
             "num_next_logprobs": len(self._next_logprobs),
             "num_next_logprobs_bytes": self._num_logprobs_bytes,
         }
