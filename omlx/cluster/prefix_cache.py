@@ -384,7 +384,7 @@ def build_stage_prefix_cache(cfg: Any, path: Path, model_config: dict[str, Any],
     classes = tuple(type(c).__name__ for c in caches)
     loaded = LoadedModel(path.name, path, stage, tokenizer, model_config, 0, classes)
     try:
-        spec = CacheSpec(layer_specs(caches), stage.make_cache)
+        spec = CacheSpec(layer_specs(caches))
     except UnsupportedCacheError as e:
         note = f"{where}: off: {e}"
         logger.warning("prefix cache %s", note)

@@ -88,7 +88,7 @@ def layer_specs(caches: Sequence[Any]) -> tuple[LayerSpec, ...]:
             out.append(LayerSpec(ATTENTION))
         elif type(c) is RotatingKVCache:
             out.append(LayerSpec(WINDOW, window=int(c.max_size), keep=int(c.keep)))
-        elif isinstance(c, ArraysCache):
+        elif type(c) is ArraysCache:  # a subclass might need more than its size to be rebuilt
             out.append(LayerSpec(STATE, num_arrays=len(c.cache)))
         else:
             raise UnsupportedCacheError(f"layer {i} uses {type(c).__name__}, which the prefix cache cannot "
@@ -148,19 +148,31 @@ def _window_order(c: RotatingKVCache) -> tuple[mx.array, mx.array, int]:
 class CacheSpec:
     """The cache layout of one model (or one cluster stage's layers).
 
+    Holds no reference to the model (an unloaded model's memory must come back even while
+    its prefix cache is still being flushed or referenced).
+
     Args:
         layers: one `LayerSpec` per layer, in layer order.
-        make_cache: ``() -> list`` of fresh per-layer caches (``make_prompt_cache(model)``).
     """
 
     layers: tuple[LayerSpec, ...]
-    make_cache: Callable[[], list[Any]]
 
     @classmethod
     def plain(cls, num_layers: int) -> CacheSpec:
         """``num_layers`` plain attention layers (mlx-lm's default cache: one ``KVCache`` each)."""
-        return cls(tuple(LayerSpec(ATTENTION) for _ in range(num_layers)),
-                   lambda: [KVCache() for _ in range(num_layers)])
+        return cls(tuple(LayerSpec(ATTENTION) for _ in range(num_layers)))
+
+    def make_cache(self) -> list[Any]:
+        """Fresh per-layer caches of these kinds, as ``make_prompt_cache`` makes them."""
+        out: list[Any] = []
+        for spec in self.layers:
+            if spec.kind == ATTENTION:
+                out.append(KVCache())
+            elif spec.kind == WINDOW:
+                out.append(RotatingKVCache(spec.window, spec.keep))
+            else:
+                out.append(ArraysCache(spec.num_arrays))
+        return out
 
     @property
     def token_layers(self) -> list[int]:
@@ -341,7 +353,7 @@ def spec_of_model(model: Any) -> CacheSpec:
     """
     from mlx_lm.models.cache import make_prompt_cache
 
-    return CacheSpec(layer_specs(make_prompt_cache(model)), lambda: make_prompt_cache(model))
+    return CacheSpec(layer_specs(make_prompt_cache(model)))
 
 
 def describe_model_cache(path: Any) -> tuple[str, bool]:

@@ -69,8 +69,7 @@ def test_a_hybrid_payload_with_per_layer_tensors_and_a_snapshot_round_trips(tmp_
     state = ArraysCache(2)
     state[0], state[1] = mx.random.normal((1, 3, 5)).astype(mx_dtype), mx.random.normal((1, 2, 4, 4))
     caches.append(state)
-    spec = CacheSpec((LayerSpec(ATTENTION), LayerSpec(ATTENTION), LayerSpec(STATE, num_arrays=2)),
-                     lambda: [KVCache(), KVCache(), ArraysCache(2)])
+    spec = CacheSpec((LayerSpec(ATTENTION), LayerSpec(ATTENTION), LayerSpec(STATE, num_arrays=2)))
     payload = spec.payload_fn(caches, 8)(4, 8)  # the block ends where the state stands
     mx.eval(payload)
     assert set(payload) == {"k.0", "v.0", "k.1", "v.1", "state.2.0", "state.2.1"}

@@ -30,15 +30,7 @@ def fill(c, n: int, chunk: int) -> None:
 
 
 def spec_of(caches):
-    return CacheSpec(layer_specs(caches), lambda: [type(c)(*_args(c)) for c in caches])
-
-
-def _args(c):
-    if isinstance(c, RotatingKVCache):
-        return (c.max_size, c.keep)
-    if isinstance(c, ArraysCache):
-        return (len(c.cache),)
-    return ()
+    return CacheSpec(layer_specs(caches))
 
 
 def test_layer_kinds_and_their_description():
@@ -53,7 +45,7 @@ def test_layer_kinds_and_their_description():
 
 
 def test_a_state_hit_ends_at_the_last_part_used_whole_with_a_snapshot():
-    spec = CacheSpec((LayerSpec(ATTENTION), LayerSpec(STATE, num_arrays=1)), lambda: [KVCache(), ArraysCache(1)])
+    spec = CacheSpec((LayerSpec(ATTENTION), LayerSpec(STATE, num_arrays=1)))
     blk = {"kv": mx.zeros((1, 2, H, 4, D))}
     snap = {**blk, "state.1.0": mx.zeros((1, 3))}
     assert spec.hit_end([(blk, 4), (snap, 4), (blk, 4)]) == 8
@@ -84,7 +76,7 @@ def test_a_restored_window_layer_continues_exactly_like_the_original(n):
     chunk and decode steps as the cache that saw the whole prefix, with the same result."""
     orig = RotatingKVCache(W, 0)
     fill(orig, n, 4)
-    spec = CacheSpec((LayerSpec(WINDOW, window=W),), lambda: [RotatingKVCache(W, 0)])
+    spec = CacheSpec((LayerSpec(WINDOW, window=W),))
     full = kv(n)
     block = {"kv": mx.stack([full[0][0], full[1][0]])[None]}  # (1, 2, H, n, D)
     (restored,) = spec.materialize([(block, n)])
