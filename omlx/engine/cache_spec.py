@@ -9,7 +9,7 @@ split a hybrid model into layer groups:
   the cache holds only the last ``W`` tokens (plus the first ``keep``); a prefill leaves up to
   ``W - 1 + chunk`` in temporal order. Blocks store every token's KV like attention layers;
   restoring needs only the tokens the window still covers.
-- **state** (``ArraysCache`` and subclasses: gated delta-net, Mamba/SSM and conv state): one
+- **state** (``ArraysCache``: gated delta-net, Mamba/SSM and conv state): one
   fixed-size state per sequence, not per token. It is *snapshotted* at a position (the end of a
   block-aligned prefill chunk, or the end of a finished sequence) and attached to the block
   that ends there; a prefix hit on such a model may end only at a block that carries one.
