@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -109,6 +110,20 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def running(*servers: ServerProcess):
+    """Start ``servers`` in order and yield them; on exit (or when a later start fails) stop every
+    one that was started."""
+    started: list[ServerProcess] = []
+    try:
+        for s in servers:
+            started.append(s.start())
+        yield servers
+    finally:
+        for s in started:
+            s.stop()
 
 
 QWEN_ID = "Qwen2.5-Coder-0.5B-Instruct"

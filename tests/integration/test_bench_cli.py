@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import MODEL_ID, TEST_HOME, ServerProcess
+from tests.helpers import MODEL_ID, TEST_HOME, ServerProcess, running
 
 TINY = ["--max-tokens", "4", "--reply-tokens", "2", "--prompt-tokens", "96", "--concurrency", "1,2",
         "--agent-turns", "2", "--tool-result-tokens", "24"]
@@ -19,15 +19,9 @@ SPREAD = ("median", "min", "max", "n")
 
 @pytest.fixture(scope="module")
 def servers():
-    a = ServerProcess(["--block-size", "16", "--no-ssd-cache"]).start()
-    try:
-        b = ServerProcess(["--block-size", "16", "--no-ssd-cache"]).start()
-    except Exception:
-        a.stop()
-        raise
-    yield a, b
-    a.stop()
-    b.stop()
+    with running(ServerProcess(["--block-size", "16", "--no-ssd-cache"]),
+                 ServerProcess(["--block-size", "16", "--no-ssd-cache"])) as pair:
+        yield pair
 
 
 def bench(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.gemma3_model import ensure_gemma3_model
-from tests.helpers import ServerProcess, shared_models_dir
+from tests.helpers import ServerProcess, running, shared_models_dir
 
 WORDS = ("river stone lantern orchard copper meadow signal harbor velvet compass thunder maple "
          "circuit falcon glacier ember violet summit quartz anchor").split()
@@ -37,17 +37,9 @@ def model_dir():
 @pytest.fixture(scope="module")
 def servers(model_dir, tmp_path_factory):
     home = tmp_path_factory.mktemp("gemma3-cache")
-    cached = ServerProcess(["--model", str(model_dir), "--block-size", "64"], base_path=home / "cached")
-    plain = ServerProcess(["--model", str(model_dir), "--no-cache"], base_path=home / "plain")
-    cached.start()
-    try:
-        plain.start()
-    except Exception:
-        cached.stop()
-        raise
-    yield cached, plain
-    cached.stop()
-    plain.stop()
+    with running(ServerProcess(["--model", str(model_dir), "--block-size", "64"], base_path=home / "cached"),
+                 ServerProcess(["--model", str(model_dir), "--no-cache"], base_path=home / "plain")) as pair:
+        yield pair
 
 
 def complete(s: ServerProcess, prompt: str, max_tokens: int = 12):

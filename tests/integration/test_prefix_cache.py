@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import MODEL_ID, ServerProcess
+from tests.helpers import MODEL_ID, ServerProcess, running
 
 SYSTEM = (
     "You are a careful assistant for a software team. Follow the house rules: answer briefly, "
@@ -21,17 +21,8 @@ QUESTION = "List five prime numbers and explain each in one line."
 @pytest.fixture(scope="module")
 def servers():
     # RAM tier only: the shared test home's SSD tier would turn the first (cold) request into a hit.
-    cached = ServerProcess(["--block-size", "32", "--no-ssd-cache"])
-    plain = ServerProcess(["--no-cache"])
-    cached.start()
-    try:
-        plain.start()
-    except Exception:
-        cached.stop()
-        raise
-    yield cached, plain
-    cached.stop()
-    plain.stop()
+    with running(ServerProcess(["--block-size", "32", "--no-ssd-cache"]), ServerProcess(["--no-cache"])) as pair:
+        yield pair
 
 
 def _client(s: ServerProcess) -> openai.OpenAI:

@@ -61,7 +61,11 @@ def tiny(arch: str, seed: int = 3):
 
     cfg = dict(CONFIGS[arch])
     model_cls, args_cls = _get_classes(cfg)
-    model = model_cls(args_cls.from_dict(cfg))
+    return randomize(model_cls(args_cls.from_dict(cfg)), seed)
+
+
+def randomize(model, seed: int):
+    """Draw ``model``'s matrices with std 3/sqrt(fan_in) (vectors kept), evaluated; returns it."""
     mx.random.seed(seed)
     weights = [(k, mx.random.normal(v.shape) * 3.0 / v.shape[-1] ** 0.5 if v.ndim > 1 else v)
                for k, v in tree_flatten(model.parameters())]

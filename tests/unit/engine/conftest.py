@@ -7,9 +7,9 @@ against mlx-lm then compares many different tokens, not one.
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten, tree_unflatten
+
+from tests.unit.engine.archs import randomize
 
 
 def tiny_llama(vocab_size: int = 49152, seed: int = 3):
@@ -18,13 +18,7 @@ def tiny_llama(vocab_size: int = 49152, seed: int = 3):
     args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
                            vocab_size=vocab_size, rope_theta=10000.0, tie_word_embeddings=True)
-    model = llama.Model(args)
-    mx.random.seed(seed)
-    weights = [(k, mx.random.normal(v.shape) * 3.0 / v.shape[-1] ** 0.5 if v.ndim > 1 else v)
-               for k, v in tree_flatten(model.parameters())]
-    model.update(tree_unflatten(weights))
-    mx.eval(model.parameters())
-    return model
+    return randomize(llama.Model(args), seed)
 
 
 @pytest.fixture(scope="session")
