@@ -135,13 +135,20 @@ def freeze(caches: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _window_first(c: RotatingKVCache) -> int:
+    """The first position after its ``keep`` sink tokens that a window cache still holds (0
+    when it never trimmed), from its indices alone: ``_temporal_order`` would keep
+    ``keys.shape[2]`` tokens (rotated or full) or the first ``_idx`` (still growing)."""
+    size = c.keys.shape[2]
+    held = size if c._idx == size or c._idx < c.offset else c._idx
+    first = c.offset - held if c.offset <= held or c.keep == 0 else c.offset - (held - c.keep)
+    return max(first, 0)
+
+
 def _window_order(c: RotatingKVCache) -> tuple[mx.array, mx.array, int]:
     """(keys, values, first position) of a window cache in temporal order; positions ``[0,
     keep)`` are at the front when the cache trimmed, then ``[first, offset)``."""
-    keys, values = c._temporal_order(c.keys), c._temporal_order(c.values)
-    held = keys.shape[2]
-    first = c.offset - held if c.offset <= held or c.keep == 0 else c.offset - (held - c.keep)
-    return keys, values, max(first, 0)
+    return c._temporal_order(c.keys), c._temporal_order(c.values), _window_first(c)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +210,7 @@ class CacheSpec:
         for i in self.token_layers:
             c = caches[i]
             if type(c) is RotatingKVCache and c.keys is not None:
-                _, _, f = _window_order(c)
+                f = _window_first(c)
                 if f > c.keep:
                     first = max(first, f)
         return first

@@ -372,7 +372,7 @@ class PrefixCacheTiers:
         if lease.released or lease.hot_full or not caches:
             return 0
         seen = self.spec.num_tokens(caches)
-        num_tokens = min(num_tokens, len(token_ids), num_tokens if seen is None else seen)
+        num_tokens = min(num_tokens, len(token_ids), seen if seen is not None else num_tokens)
         with self._lock:
             hashes = self._hashes_of(lease)
             hashes.extend(token_ids, num_tokens)

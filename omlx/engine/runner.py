@@ -283,9 +283,11 @@ class BatchRunner:
         if not self._merged:
             return self._cache
         views: list[Any] = []
+        pad: int | None = None  # the row's left padding, the same in every BatchKVCache layer
         for c in self._cache:
             if isinstance(c, BatchKVCache):
-                pad = c.left_padding[row].item()
+                if pad is None:
+                    pad = c.left_padding[row].item()  # one host sync, not one per layer
                 v = KVCache()
                 k, vv = c.keys[row : row + 1, :, pad : c._idx], c.values[row : row + 1, :, pad : c._idx]
                 v.state = (k, vv, k.shape[2])
