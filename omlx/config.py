@@ -10,6 +10,8 @@ TOML layout::
     port = 8000
     model = "SmolLM2-135M-Instruct"
     max_concurrent_requests = 8
+    kv_bits = 8                    # quantize every model's full-attention KV (4 or 8 usual; default off)
+    kv_group_size = 64
     api_key = "..."
     context_scale_to = 200000      # Anthropic API: report token counts as if the window were this
     [cache]
@@ -56,6 +58,9 @@ from omlx.errors import InvalidRequestError
 DEFAULT_BASE_PATH = "~/.omlx"
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+#: ``kv_bits`` and ``kv_group_size`` values ``mx.quantize`` supports (affine mode).
+KV_BITS_CHOICES = (2, 3, 4, 5, 6, 8)
+KV_GROUP_SIZE_CHOICES = (32, 64, 128)
 
 
 def parse_size(value: str | int | float) -> int:
@@ -290,6 +295,9 @@ class ServerConfig:
         context_scale_to: when set, the Anthropic API reports token counts scaled by
             ``context_scale_to / model context`` so a client that assumes this larger window
             compacts at the model's real limit; None reports real counts.
+        kv_bits: quantize every chat model's full-attention KV cache to this many bits (mlx-lm's
+            ``QuantizedKVCache``, from the first token); None keeps it in the model's dtype.
+        kv_group_size: elements per quantization group along the head dim (with ``kv_bits``).
         test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
             to inject into generation (omlx.engine.faults); None in production.
     """
@@ -309,6 +317,8 @@ class ServerConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     aliases: Mapping[str, str] = field(default_factory=dict)
     context_scale_to: int | None = None
+    kv_bits: int | None = None
+    kv_group_size: int = 64
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -338,6 +348,8 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_MAX_BODY_BYTES": "max_body_bytes",
     "OMLX_KEEPALIVE_S": "keepalive_s",
     "OMLX_CONTEXT_SCALE_TO": "context_scale_to",
+    "OMLX_KV_BITS": "kv_bits",
+    "OMLX_KV_GROUP_SIZE": "kv_group_size",
     "OMLX_PRELOAD_BLAS": "preload_blas",
     "OMLX_LOG_LEVEL": "log_level",
     "OMLX_DISABLE_KERNELS": "disable_kernels",
@@ -378,8 +390,10 @@ def _coerce(key: str, value: Any) -> Any:
     if name.endswith("_bytes"):
         return None if value in (None, "") else parse_size(value)
     if name in ("port", "max_concurrent_requests", "max_queued_requests", "block_size",
-                "ssd_write_through_hits", "control_port", "worker_port", "context_tokens"):
+                "ssd_write_through_hits", "control_port", "worker_port", "context_tokens", "kv_group_size"):
         return int(value)
+    if name == "kv_bits":
+        return None if value in (None, "", "none", "off") else int(value)
     if name == "context_scale_to":
         return None if value in (None, "", 0, "0") else int(value)
     if name in ("keepalive_s", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s",
@@ -512,6 +526,11 @@ def load_config(
         raise InvalidRequestError("max_concurrent_requests must be between 1 and 1024")
     if cfg.cache.block_size < 1:
         raise InvalidRequestError("block_size must be >= 1")
+    if cfg.kv_bits is not None and cfg.kv_bits not in KV_BITS_CHOICES:
+        raise InvalidRequestError(f"kv_bits must be one of {', '.join(map(str, KV_BITS_CHOICES))}, got {cfg.kv_bits}")
+    if cfg.kv_group_size not in KV_GROUP_SIZE_CHOICES:
+        raise InvalidRequestError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZE_CHOICES))}, "
+                                  f"got {cfg.kv_group_size}")
     if cfg.context_scale_to is not None and cfg.context_scale_to < 1:
         raise InvalidRequestError("context_scale_to must be a positive number of tokens")
     return cfg

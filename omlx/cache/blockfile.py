@@ -11,7 +11,8 @@ block-major: the namespace's attention layers in order, keys at ``kv[l, 0]`` and
 ``kv[l, 1]``, in the KV dtype (``BF16`` is stored as itself; numpy, which has no bfloat16, sees
 its bits as uint16). Cache layouts with other kinds of layers (``omlx.engine.cache_spec``)
 add or replace tensors: ``k.{layer}`` / ``v.{layer}`` ``(heads, num_tokens, dim)`` when keys
-and values differ in shape (MLA), and ``state.{layer}.{i}`` (a recurrent layer's state at the
+and values differ in shape (MLA), ``X.q`` (``U32``, packed), ``X.scales`` and ``X.biases`` in
+place of a tensor ``X`` of a quantized KV cache (``--kv-bits``), and ``state.{layer}.{i}`` (a recurrent layer's state at the
 block's end; any shape). Every tensor without the ``state.`` prefix has the token axis second
 to last. The header is written here (JSON, padded with spaces to a multiple of 8
 bytes, as the spec allows) and the tensor bytes straight from the host buffers, so a write holds
@@ -61,6 +62,7 @@ from omlx.cache.hashing import HASH_NUM_BYTES, Namespace, hash_block
 __all__ = [
     "BLOCK_SUFFIX",
     "DTYPES",
+    "PACKED_DTYPE",
     "SSD_FORMAT_VERSION",
     "TMP_SUFFIX",
     "BadBlockError",
@@ -96,7 +98,9 @@ DTYPES: dict[str, tuple[str, type[np.generic]]] = {
     "float32": ("F32", np.float32),
     "float16": ("F16", np.float16),
     "bfloat16": ("BF16", np.uint16),
+    "uint32": ("U32", np.uint32),  # quantized KV's packed values (``*.q`` tensors)
 }
+PACKED_DTYPE = "uint32"
 
 
 class BadBlockError(ValueError):
@@ -149,9 +153,9 @@ class HostBlock:
 
     @property
     def dtype(self) -> str:
-        """The KV dtype (of the first per-token tensor)."""
+        """The KV dtype (of the first per-token tensor that is not packed quantized values)."""
         for name, (dtype, _) in self.tensors.items():
-            if not name.startswith(STATE_PREFIX):
+            if not name.startswith(STATE_PREFIX) and dtype != PACKED_DTYPE:
                 return dtype
         return next(iter(self.tensors.values()))[0]
 

@@ -29,6 +29,8 @@ def serve(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Turn the prefix cache off.")] = False,
     ssd_cache_dir: Annotated[Optional[str], typer.Option(help="Folder of the SSD KV tier (default <base-path>/cache).")] = None,
     ssd_cache_max_size: Annotated[Optional[str], typer.Option(help="Disk budget of the SSD KV tier, e.g. 20GB (default: 10% of free disk, at most 50 GB).")] = None,
+    kv_bits: Annotated[Optional[int], typer.Option(help="Quantize the KV cache of full-attention layers to this many bits (2, 3, 4, 5, 6 or 8; from the first token). Default: off (the model's dtype).")] = None,
+    kv_group_size: Annotated[Optional[int], typer.Option(help="Quantization group size of --kv-bits along the head dim: 32, 64 or 128 (default 64).")] = None,
     no_ssd_cache: Annotated[bool, typer.Option("--no-ssd-cache", help="Keep the KV cache in RAM only.")] = False,
     memory_ceiling: Annotated[Optional[str], typer.Option(help="Most memory the process may use, e.g. 12GB; models are unloaded (LRU) to stay under it (default: total RAM - 8 GB, at least half of RAM).")] = None,
     log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
@@ -52,6 +54,8 @@ def serve(
         "cache.ssd_cache_dir": ssd_cache_dir,
         "cache.ssd_cache_max_bytes": ssd_cache_max_size,
         "cache.ssd_enabled": False if no_ssd_cache else None,
+        "kv_bits": kv_bits,
+        "kv_group_size": kv_group_size,
         "memory.ceiling_bytes": memory_ceiling,
         "log_level": log_level,
         "aliases": parse_aliases(alias) if alias else None,
@@ -87,6 +91,9 @@ def _serve_cluster(cfg: ServerConfig, cluster_secret: str | None) -> int:
 
     if len(cfg.models) > 1:
         logger.error("--cluster serves one model over the cluster; got %d --model values", len(cfg.models))
+        return 2
+    if cfg.kv_bits is not None:
+        logger.error("--kv-bits is not supported with --cluster yet (a stage's KV stays in the model's dtype)")
         return 2
     reason = check_bind(cfg)
     if reason:

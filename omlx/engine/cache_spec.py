@@ -9,6 +9,9 @@ split a hybrid model into layer groups:
   the cache holds only the last ``W`` tokens (plus the first ``keep``); a prefill leaves up to
   ``W - 1 + chunk`` in temporal order. Blocks store every token's KV like attention layers;
   restoring needs only the tokens the window still covers.
+- **quantized** (``QuantizedKVCache``, omlx's `omlx.engine.quant_cache.QuantKVCache`, from
+  ``--kv-bits``): attention whose per-token keys and values are kept quantized (``bits``,
+  ``group_size``); blocks hold the packed arrays with their scales and biases.
 - **state** (``ArraysCache``: gated delta-net, Mamba/SSM and conv state): one
   fixed-size state per sequence, not per token. It is *snapshotted* at a position (the end of a
   block-aligned prefill chunk, or the end of a finished sequence) and attached to the block
@@ -19,9 +22,12 @@ last: ``"kv"`` is ``(num_token_layers, 2, n_kv_heads, num_tokens, head_dim)`` wh
 attention/window layer shares keys' and values' ``(heads, head_dim)`` (keys at ``[:, 0]``);
 otherwise (MLA: keys and values differ in head dim) ``"k.{layer}"`` / ``"v.{layer}"``, each
 ``(heads, num_tokens, dim)``. Snapshot tensors are ``"state.{layer}.{i}"`` (the i-th array
-of that layer's ``ArraysCache``, batch axis kept, any shape and dtype).
+of that layer's ``ArraysCache``, batch axis kept, any shape and dtype). Quantized layers replace
+each per-token tensor ``X`` by three, ``X.q`` (packed ``uint32``, ``(…, num_tokens, dim * bits
+/ 32)``), ``X.scales`` and ``X.biases`` (``(…, num_tokens, dim / group_size)``, the model's
+dtype); a model mixes quantized with unquantized per-token layers only in the per-layer form.
 
-Other cache classes (``QuantizedKVCache``, ``ChunkedKVCache``, ``CacheList``,
+Other cache classes (``ChunkedKVCache``, ``CacheList``,
 ``ConcatenateKVCache``) are not known here: `layer_specs` raises `UnsupportedCacheError`
 and the model serves without a prefix cache, said loudly.
 
@@ -34,10 +40,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
-ATTENTION, WINDOW, STATE = "attention", "window", "state"
+from omlx.engine.quant_cache import QuantKVCache
+
+ATTENTION, WINDOW, QUANTIZED, STATE = "attention", "window", "quantized", "state"
 STATE_PREFIX = "state."
+QUANT_PARTS = ("q", "scales", "biases")
 
 Payload = dict[str, mx.array]
 
@@ -55,23 +64,28 @@ class LayerSpec:
     """One layer's cache kind.
 
     Attributes:
-        kind: ``"attention"``, ``"window"`` or ``"state"``.
+        kind: ``"attention"``, ``"window"``, ``"quantized"`` or ``"state"``.
         window: the window ``W`` of a window layer (``RotatingKVCache.max_size``), else 0.
         keep: sink tokens a window layer always keeps (``RotatingKVCache.keep``), else 0.
         num_arrays: arrays of a state layer (``len(ArraysCache.cache)``), else 0.
+        bits, group_size: a quantized layer's KV quantization, else 0.
     """
 
     kind: str
     window: int = 0
     keep: int = 0
     num_arrays: int = 0
+    bits: int = 0
+    group_size: int = 0
 
     def tag(self) -> str:
-        """Short text for the namespace: ``A``, ``W512k0``, ``S2``."""
+        """Short text for the namespace: ``A``, ``W512k0``, ``Q8g64``, ``S2``."""
         if self.kind == ATTENTION:
             return "A"
         if self.kind == WINDOW:
             return f"W{self.window}k{self.keep}"
+        if self.kind == QUANTIZED:
+            return f"Q{self.bits}g{self.group_size}"
         return f"S{self.num_arrays}"
 
 
@@ -88,6 +102,8 @@ def layer_specs(caches: Sequence[Any]) -> tuple[LayerSpec, ...]:
             out.append(LayerSpec(ATTENTION))
         elif type(c) is RotatingKVCache:
             out.append(LayerSpec(WINDOW, window=int(c.max_size), keep=int(c.keep)))
+        elif type(c) in (QuantizedKVCache, QuantKVCache):
+            out.append(LayerSpec(QUANTIZED, bits=int(c.bits), group_size=int(c.group_size)))
         elif type(c) is ArraysCache:  # a subclass might need more than its size to be rebuilt
             out.append(LayerSpec(STATE, num_arrays=len(c.cache)))
         else:
@@ -169,12 +185,28 @@ class CacheSpec:
         """``num_layers`` plain attention layers (mlx-lm's default cache: one ``KVCache`` each)."""
         return cls(tuple(LayerSpec(ATTENTION) for _ in range(num_layers)))
 
+    def with_kv_bits(self, bits: int, group_size: int) -> CacheSpec:
+        """This layout with every full-attention layer's KV quantized (``--kv-bits``); window
+        and state layers stay as they are (mlx-lm has no quantized rotating cache)."""
+        return CacheSpec(tuple(LayerSpec(QUANTIZED, bits=bits, group_size=group_size) if s.kind == ATTENTION else s
+                               for s in self.layers))
+
+    @property
+    def kv_quantization(self) -> tuple[int, int] | None:
+        """(bits, group size) of the quantized layers, or None when none is."""
+        for s in self.layers:
+            if s.kind == QUANTIZED:
+                return s.bits, s.group_size
+        return None
+
     def make_cache(self) -> list[Any]:
         """Fresh per-layer caches of these kinds, as ``make_prompt_cache`` makes them."""
         out: list[Any] = []
         for spec in self.layers:
             if spec.kind == ATTENTION:
                 out.append(KVCache())
+            elif spec.kind == QUANTIZED:
+                out.append(QuantKVCache(spec.group_size, spec.bits))
             elif spec.kind == WINDOW:
                 out.append(RotatingKVCache(spec.window, spec.keep))
             else:
@@ -232,8 +264,10 @@ class CacheSpec:
         tok = self.token_layers
         windows = {i: _window_order(caches[i]) for i in tok if type(caches[i]) is RotatingKVCache}
 
-        def kv(i: int, a: int, b: int) -> tuple[mx.array, mx.array]:
+        def kv(i: int, a: int, b: int) -> tuple[Any, Any]:
             c = caches[i]
+            if isinstance(c, QuantizedKVCache):
+                return tuple(x[0, :, a:b] for x in c.keys), tuple(x[0, :, a:b] for x in c.values)
             if i not in windows:
                 return c.keys[0, :, a:b], c.values[0, :, a:b]
             keys, values, first = windows[i]
@@ -252,11 +286,20 @@ class CacheSpec:
             if tok:
                 pairs = [kv(i, a, b) for i in tok]
                 if uniform:
-                    flat = mx.stack([x for pair in pairs for x in pair])
-                    out["kv"] = flat.reshape(len(tok), 2, *flat.shape[1:])
+                    if isinstance(pairs[0][0], tuple):
+                        for j, part in enumerate(QUANT_PARTS):
+                            flat = mx.stack([side[j] for pair in pairs for side in pair])
+                            out[f"kv.{part}"] = flat.reshape(len(tok), 2, *flat.shape[1:])
+                    else:
+                        flat = mx.stack([x for pair in pairs for x in pair])
+                        out["kv"] = flat.reshape(len(tok), 2, *flat.shape[1:])
                 else:
                     for i, (k, v) in zip(tok, pairs):
-                        out[f"k.{i}"], out[f"v.{i}"] = k, v
+                        if isinstance(k, tuple):
+                            for j, part in enumerate(QUANT_PARTS):
+                                out[f"k.{i}.{part}"], out[f"v.{i}.{part}"] = k[j], v[j]
+                        else:
+                            out[f"k.{i}"], out[f"v.{i}"] = k, v
             if state_at is not None and b == state_at:
                 for i in self.state_layers:
                     for j, arr in enumerate(caches[i].cache):
@@ -267,11 +310,17 @@ class CacheSpec:
         return payload
 
     def _uniform(self, caches: Sequence[Any]) -> bool:
-        shapes = {(caches[i].keys.shape[1], caches[i].keys.shape[3], caches[i].values.shape[1],
-                   caches[i].values.shape[3], caches[i].keys.dtype) for i in self.token_layers}
+        """Every per-token layer has one kind (quantized or not) and keys and values of one
+        ``(heads, dim)`` and dtype: they stack into one tensor (per quantized part)."""
+        def first(x: Any) -> mx.array:
+            return x[0] if isinstance(x, tuple) else x
+
+        shapes = {(isinstance(caches[i].keys, tuple), first(caches[i].keys).shape[1], first(caches[i].keys).shape[3],
+                   first(caches[i].values).shape[1], first(caches[i].values).shape[3], first(caches[i].keys).dtype)
+                  for i in self.token_layers}
         if len(shapes) != 1:
             return False
-        kh, kd, vh, vd, _ = shapes.pop()
+        _, kh, kd, vh, vd, _ = shapes.pop()
         return (kh, kd) == (vh, vd)
 
     # ---- block payloads -> caches --------------------------------------------------------
@@ -299,12 +348,21 @@ class CacheSpec:
         num_tokens = sum(n for _, n in parts)
         caches = self.make_cache()
         kvs = joined.get("kv")
+        qkvs = [joined[f"kv.{p}"] for p in QUANT_PARTS] if "kv.q" in joined else None
         for slot, i in enumerate(self.token_layers):
+            c, spec = caches[i], self.layers[i]
+            if spec.kind == QUANTIZED:
+                if qkvs is not None:
+                    qk, qv = tuple(x[slot, 0][None] for x in qkvs), tuple(x[slot, 1][None] for x in qkvs)
+                else:
+                    qk = tuple(joined[f"k.{i}.{p}"][None] for p in QUANT_PARTS)
+                    qv = tuple(joined[f"v.{i}.{p}"][None] for p in QUANT_PARTS)
+                c.state = (qk, qv, num_tokens, spec.group_size, spec.bits)
+                continue
             if kvs is not None:
                 k, v = kvs[slot, 0][None], kvs[slot, 1][None]
             else:
                 k, v = joined[f"k.{i}"][None], joined[f"v.{i}"][None]
-            c, spec = caches[i], self.layers[i]
             if spec.kind == ATTENTION:
                 c.state = (k, v, num_tokens)
             else:
@@ -384,6 +442,6 @@ def describe_model_cache(path: Any) -> tuple[str, bool]:
         return str(e), False
 
 
-__all__ = ["ATTENTION", "STATE", "WINDOW", "CacheSpec", "LayerSpec", "NotHeldError", "Payload",
+__all__ = ["ATTENTION", "QUANTIZED", "STATE", "WINDOW", "CacheSpec", "LayerSpec", "NotHeldError", "Payload",
            "UnsupportedCacheError", "describe", "describe_model_cache", "freeze", "has_snapshot", "layer_specs", "payload_bytes",
            "spec_of_model"]

@@ -147,6 +147,8 @@ class Engine:
             and device in the process; logged).
         fault_plan: test-only injected faults (``OMLX_TEST_FAULT``, omlx.engine.faults); None
             in production.
+        make_cache: fresh per-layer caches for a new sequence (``--kv-bits``:
+            `CacheSpec.make_cache` of the quantized layout); None = mlx-lm's ``make_prompt_cache``.
     """
 
     def __init__(
@@ -162,6 +164,7 @@ class Engine:
         mixed_step_size: int | None = None,
         measure_steps: bool = False,
         fault_plan: FaultPlan | None = None,
+        make_cache: Callable[[], list[Any]] | None = None,
     ):
         self.model_id = model_id
         self.fault_plan = fault_plan
@@ -175,6 +178,7 @@ class Engine:
         self.prefill_step_size = prefill_step_size
         self.mixed_step_size = mixed_step_size or prefill_step_size
         self.measure_steps = measure_steps
+        self.make_cache = make_cache
         self.step_sizes: StepSizes | None = None
         self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
         self._eos = frozenset(tokenizer.eos_token_ids)
@@ -295,6 +299,7 @@ class Engine:
             block_size=self.block_size,
             on_prefill_chunk=hook,
             hold_last_token=self._hold_last_token(),
+            make_cache=self.make_cache,
         )
 
     def _measure_steps(self) -> None:

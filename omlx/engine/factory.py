@@ -103,13 +103,14 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
         loaded.context_length = settings.context_length
     logger.info("loaded %s from %s in %.1f s", model_id, path, time.monotonic() - t0)
     scheduler = Scheduler(config.max_concurrent_requests, config.max_queued_requests)
-    prefix_cache, note = build_prefix_cache(loaded, config)
+    spec, note = model_cache_spec(loaded, config)
+    prefix_cache, note = build_prefix_cache(loaded, config, spec, note)
     fault_plan = parse_fault_spec(config.test_fault)
     if fault_plan is not None:
         logger.warning("TEST FAULT INJECTION is on (OMLX_TEST_FAULT=%s): generation will fail on purpose", config.test_fault)
     engine = Engine(model_id, loaded.model, loaded.tokenizer, scheduler=scheduler,
                     prefix_cache=prefix_cache, block_size=config.cache.block_size, fault_plan=fault_plan,
-                    measure_steps=True)
+                    measure_steps=True, make_cache=spec.make_cache if spec and spec.kv_quantization else None)
     engine.start()
     entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config), settings=settings)
     logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")
@@ -131,17 +132,50 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     return entry
 
 
-def build_prefix_cache(loaded: LoadedModel, config: ServerConfig):
-    """The KV cache tiers for a model, or (None, reason) when the cache is off for it."""
-    if not config.cache.enabled:
-        return None, "off (disabled by configuration)"
+def model_cache_spec(loaded: LoadedModel, config: ServerConfig):
+    """(the model's cache layout, "") with ``--kv-bits`` applied, or (None, why the prefix cache
+    cannot be on) for cache classes `omlx.engine.cache_spec` does not know.
+
+    Raises:
+        ModelImportError: ``--kv-bits`` is set and the model cannot run on a quantized KV cache
+            (no layout known, or its attention refuses one, e.g. attention sinks).
+    """
+    import mlx.core as mx
+
     from omlx.engine.cache_spec import UnsupportedCacheError, spec_of_model
-    from omlx.engine.kv_cache import make_prefix_cache
+    from omlx.errors import ModelImportError
 
     try:
         spec = spec_of_model(loaded.model)
     except UnsupportedCacheError as e:
-        note = f"off: {e} (cache classes {sorted(set(loaded.cache_classes))})"
+        if config.kv_bits is not None:
+            raise ModelImportError(f"--kv-bits {config.kv_bits}: {loaded.model_id} cannot use a quantized KV cache: "
+                                   f"{e}") from e
+        return None, f"off: {e} (cache classes {sorted(set(loaded.cache_classes))})"
+    if config.kv_bits is None:
+        return spec, ""
+    spec = spec.with_kv_bits(config.kv_bits, config.kv_group_size)
+    if spec.kv_quantization is None:
+        raise ModelImportError(f"--kv-bits {config.kv_bits}: {loaded.model_id} has no full-attention layer to quantize "
+                               f"(cache layout {spec.describe()})")
+    try:  # a model whose attention cannot read quantized KV fails here, not on a client's request
+        mx.eval(loaded.model(mx.array([[1, 2]]), cache=spec.make_cache()))
+    except Exception as e:
+        raise ModelImportError(f"--kv-bits {config.kv_bits} (group size {config.kv_group_size}): {loaded.model_id} "
+                               f"cannot attend over a quantized KV cache: {e}") from e
+    logger.info("%s: KV cache quantized to %d bits, group size %d (cache layout %s)", loaded.model_id,
+                config.kv_bits, config.kv_group_size, spec.describe())
+    return spec, ""
+
+
+def build_prefix_cache(loaded: LoadedModel, config: ServerConfig, spec=None, note: str = ""):
+    """The KV cache tiers for a model of layout ``spec`` (`model_cache_spec`), or (None, reason)
+    when the cache is off for it (``note``: why the layout is unknown)."""
+    if not config.cache.enabled:
+        return None, "off (disabled by configuration)"
+    from omlx.engine.kv_cache import make_prefix_cache
+
+    if spec is None:
         logger.warning("prefix cache for %s is %s; every prompt is prefilled in full", loaded.model_id, note)
         return None, note
     return make_prefix_cache(loaded, config, spec=spec), ""

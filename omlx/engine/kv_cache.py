@@ -40,7 +40,7 @@ import mlx.core as mx
 import numpy as np
 import psutil
 
-from omlx.cache.blockfile import DTYPES, STATE_PREFIX, HostBlock
+from omlx.cache.blockfile import DTYPES, PACKED_DTYPE, STATE_PREFIX, HostBlock
 from omlx.cache.hashing import BlockHashes, Namespace, make_kv_format, model_fingerprint, tokenizer_hash
 from omlx.cache.paged import TAIL_SLACK_TOKENS, BlockPool
 from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
@@ -117,10 +117,10 @@ def weight_shas(path: Path) -> list[str]:
 
 
 def model_namespace(loaded: LoadedModel, kv_dtype: str, layer_range: tuple[int, int] | None = None,
-                    layout: str = "KVCache") -> Namespace:
-    """The cache namespace of a loaded model: weights, tokenizer + template, KV format and
-    cache layout (``"KVCache"`` when every layer is plain attention, else
-    `CacheSpec.describe`), layers."""
+                    layout: str = "KVCache", kv_quantization: tuple[int, int] | None = None) -> Namespace:
+    """The cache namespace of a loaded model: weights, tokenizer + template, KV format (dtype,
+    ``(bits, group size)`` of a quantized KV cache) and cache layout (``"KVCache"`` when every
+    layer is plain attention, else `CacheSpec.describe`), layers."""
     path = loaded.path
     index_file = path / "model.safetensors.index.json"
     index = json.loads(index_file.read_text()) if index_file.exists() else None
@@ -131,7 +131,8 @@ def model_namespace(loaded: LoadedModel, kv_dtype: str, layer_range: tuple[int, 
     th = tokenizer_hash(tok_bytes, template if isinstance(template, str) else None)
     n_layers = len(loaded.cache_classes)
     start, end = layer_range or (0, n_layers)
-    kv_format = make_kv_format(kv_dtype, None, None, layout)
+    bits, group = kv_quantization or (None, None)
+    kv_format = make_kv_format(kv_dtype, bits, group, layout)
     return Namespace(model_fingerprint=fp, tokenizer_hash=th, kv_format=kv_format,
                      layer_start=start, layer_end=end, format_version=FORMAT_VERSION)
 
@@ -160,7 +161,8 @@ class MlxPayloadCodec:
         tensors: dict[str, tuple[str, np.ndarray]] = {}
         for name, a in payload.items():  # type: ignore[attr-defined]
             dtype = str(a.dtype).removeprefix("mlx.core.")
-            if dtype not in DTYPES or (dtype != self.dtype and not name.startswith(STATE_PREFIX)):
+            if dtype not in DTYPES or (dtype != self.dtype and not name.startswith(STATE_PREFIX)
+                                       and not (dtype == PACKED_DTYPE and name.endswith(".q"))):
                 raise ValueError(f"block tensor {name} is {dtype}, the namespace says {self.dtype}")
             m = memoryview(a)
             if not m.c_contiguous:
@@ -527,7 +529,8 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
     max_bytes = config.cache.hot_cache_max_bytes or default_hot_cache_bytes()
     kv_dtype = _kv_dtype(loaded)
     plain = all(layer.kind == ATTENTION for layer in spec.layers)
-    ns = model_namespace(loaded, kv_dtype, layer_range, "KVCache" if plain else spec.describe())
+    ns = model_namespace(loaded, kv_dtype, layer_range, "KVCache" if plain else spec.describe(),
+                         spec.kv_quantization)
     bs = config.cache.block_size
     # A recurrent model resumes only at a snapshot, which stands at a block's or tail's end:
     # tails are never dropped for a longer sibling, and a hit's last part is used whole.

@@ -154,11 +154,15 @@ class BatchRunner:
             ``len(prompt) - 1``, where a model with recurrent state is snapshotted (a chat's
             next turn usually re-tokenizes the prompt's last token, "\\n" after "assistant",
             together with the answer, so the state after it would not be reused).
+        make_cache: fresh per-layer batch-1 caches for a new sequence (default mlx-lm's
+            ``make_prompt_cache(model)``; ``--kv-bits`` passes `CacheSpec.make_cache`, whose
+            attention layers are `omlx.engine.quant_cache.QuantKVCache`).
     """
 
     def __init__(self, model: Any, *, stop_tokens: Sequence[Sequence[int]], prefill_step_size: int = 2048,
                  mixed_step_size: int | None = None, block_size: int = 256,
-                 on_prefill_chunk: ChunkHook | None = None, stream: Any = None, hold_last_token: bool = False):
+                 on_prefill_chunk: ChunkHook | None = None, stream: Any = None, hold_last_token: bool = False,
+                 make_cache: Callable[[], list[Any]] | None = None):
         from mlx_lm.generate import StopSequences
 
         self.model = model
@@ -167,6 +171,7 @@ class BatchRunner:
         self.mixed_step_size = max(1, min(mixed_step_size or self.prefill_step_size, self.prefill_step_size))
         self.on_prefill_chunk = on_prefill_chunk
         self.hold_last_token = hold_last_token
+        self._make_cache = make_cache or (lambda: make_prompt_cache(model))
         self._stream = stream or generation_stream
         self._default_stops = StopSequences(list(stop_tokens) or None)
         self._next_uid = 0
@@ -232,7 +237,7 @@ class BatchRunner:
                 raise ValueError("a sequence has an empty prompt")
             if m <= 0:
                 raise ValueError("max_tokens must be > 0")
-            cache = caches[i] if caches and caches[i] is not None else make_prompt_cache(self.model)
+            cache = caches[i] if caches and caches[i] is not None else self._make_cache()
             prefix = list(all_tokens[i]) if all_tokens and caches and caches[i] is not None else []
             procs = tuple(logits_processors[i] or ()) if logits_processors else ()
             sampler = (samplers[i] if samplers else None) or greedy_sampler
@@ -277,6 +282,8 @@ class BatchRunner:
         of another class. The caches may already hold the step in flight (one token more)."""
         from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, KVCache
 
+        from omlx.engine.quant_cache import BatchQuantKVCache
+
         row = next((i for i, s in enumerate(self._rows) if s.uid == uid), None)
         if row is None:
             return None
@@ -292,6 +299,10 @@ class BatchRunner:
                 k, vv = c.keys[row : row + 1, :, pad : c._idx], c.values[row : row + 1, :, pad : c._idx]
                 v.state = (k, vv, k.shape[2])
                 views.append(v)
+            elif isinstance(c, BatchQuantKVCache):
+                if pad is None:
+                    pad = c.left_padding[row].item()
+                views.append(c.row_view(row, pad))
             elif (isinstance(c, BatchRotatingKVCache) and not getattr(c, "keep", 0)) or isinstance(c, ArraysCache):
                 views.append(c.extract(row))
             else:

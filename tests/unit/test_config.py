@@ -39,3 +39,16 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, text: str):
     with pytest.raises(InvalidRequestError):
         load_config({}, {}, f)
 
+
+
+def test_kv_bits_from_file_env_and_flags_and_bad_values_named(tmp_path: Path):
+    f = tmp_path / "c.toml"
+    f.write_text("kv_bits = 8\nkv_group_size = 32\n")
+    cfg = load_config({}, {}, f)
+    assert (cfg.kv_bits, cfg.kv_group_size) == (8, 32)
+    assert load_config({}, {"OMLX_KV_BITS": "4"}, f).kv_bits == 4
+    assert load_config({"kv_bits": 6}, {"OMLX_KV_BITS": "4"}, f).kv_bits == 6
+    assert load_config({}, {}, None).kv_bits is None
+    for flags, word in (({"kv_bits": 7}, "kv_bits"), ({"kv_bits": 4, "kv_group_size": 48}, "kv_group_size")):
+        with pytest.raises(InvalidRequestError, match=word):
+            load_config(flags, {}, None)

@@ -27,7 +27,9 @@ def rand_prompts(lengths: list[int], seed: int) -> list[list[int]]:
     return [[rng.randrange(10, VOCAB) for _ in range(n)] for n in lengths]
 
 
-def make_engine(model, tokenizer, root):
+def make_engine(model, tokenizer, root, spec=None):
+    """An engine with hot and SSD tiers over ``root`` for ``model`` (layout ``spec``, default
+    the model's own; a quantized one also makes the runner's caches)."""
     from omlx.cache.hashing import Namespace, make_kv_format
     from omlx.cache.paged import BlockPool
     from omlx.cache.ssd import SSDStore
@@ -37,9 +39,10 @@ def make_engine(model, tokenizer, root):
     from omlx.engine.kv_cache import MlxPayloadCodec, PrefixCacheTiers
     from omlx.scheduler import Scheduler
 
-    spec = spec_of_model(model)
+    spec = spec or spec_of_model(model)
     n = len(spec.layers)
-    ns = Namespace("tiny", "tok", make_kv_format("float32", None, None, spec.describe()), 0, n)
+    bits, group = spec.kv_quantization or (None, None)
+    ns = Namespace("tiny", "tok", make_kv_format("float32", bits, group, spec.describe()), 0, n)
     slack = -1 if spec.has_state else 16  # as make_prefix_cache sets them (PrefixCacheTiers checks)
     store = SSDStore(root, ns, dtype="float32", max_bytes=10**9, tail_slack_tokens=slack)
     tiers = TieredCache(BlockPool(max_bytes=10**9, block_size=BS, tail_slack_tokens=slack), ns,
@@ -47,7 +50,8 @@ def make_engine(model, tokenizer, root):
                         RestoreCostModel(prefill_tokens_per_s=1.0, read_bytes_per_s=1e9))
     pc = PrefixCacheTiers(tiers, spec)
     eng = Engine("tiny", model, tokenizer, scheduler=Scheduler(8, 64), prefix_cache=pc, block_size=BS,
-                 prefill_step_size=32, mixed_step_size=16)
+                 prefill_step_size=32, mixed_step_size=16,
+                 make_cache=spec.make_cache if spec.kv_quantization else None)
     eng.start()
     return eng, pc
 

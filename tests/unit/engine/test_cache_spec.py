@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, QuantizedKVCache, RotatingKVCache
 
 from omlx.engine.cache_spec import (ATTENTION, STATE, WINDOW, CacheSpec, LayerSpec, NotHeldError,
                                     UnsupportedCacheError, describe, freeze, layer_specs)
@@ -38,8 +38,9 @@ def test_layer_kinds_and_their_description():
     specs = layer_specs(caches)
     assert [s.kind for s in specs] == [ATTENTION, WINDOW, WINDOW, STATE]
     assert describe(specs) == "A,W512k0*2,S2"
-    with pytest.raises(UnsupportedCacheError, match="QuantizedKVCache"):
-        layer_specs([KVCache(), QuantizedKVCache()])
+    assert describe(layer_specs([KVCache(), QuantizedKVCache(64, 4)])) == "A,Q4g64"
+    with pytest.raises(UnsupportedCacheError, match="ChunkedKVCache"):
+        layer_specs([KVCache(), ChunkedKVCache(64)])
     with pytest.raises(UnsupportedCacheError, match="state-only"):
         layer_specs([ArraysCache(2), ArraysCache(2)])
 

@@ -1,0 +1,97 @@
+"""``--kv-bits``: the real SmolLM2-135M served with a quantized KV cache, its prefix cache exact.
+
+For 8 and 4 bits, `omlx serve --kv-bits N` with the cache (64-token blocks, SSD tier on) gives
+the same greedy text as `omlx serve --kv-bits N --no-cache` for an identical prompt, prompt plus
+suffix, a chat's next turn, eight concurrent requests sharing a prefix, and after a restart
+(the quantized blocks read back from disk). /health names the quantized layout.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.helpers import ServerProcess, running
+
+WORDS = ("river stone lantern orchard copper meadow signal harbor velvet compass thunder maple "
+         "circuit falcon glacier ember violet summit quartz anchor").split()
+
+
+def text(n_words: int, seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+@pytest.fixture(scope="module", params=[8, 4])
+def servers(request, tmp_path_factory):
+    bits = request.param
+    home = tmp_path_factory.mktemp(f"kv{bits}")
+    flags = ["--kv-bits", str(bits), "--max-concurrent-requests", "8"]
+    with running(ServerProcess([*flags, "--block-size", "64"], base_path=home / "cached"),
+                 ServerProcess([*flags, "--no-cache"], base_path=home / "plain")) as pair:
+        yield bits, *pair
+
+
+def client(s: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def complete(s: ServerProcess, prompt: str, max_tokens: int = 12) -> tuple[str, int, int]:
+    c = client(s)
+    r = c.completions.create(model=c.models.list().data[0].id, prompt=prompt, temperature=0, max_tokens=max_tokens)
+    details = r.usage.prompt_tokens_details
+    extra = getattr(details, "model_extra", None) or {}
+    return r.choices[0].text, details.cached_tokens or 0, extra.get("cached_tokens_cold", 0)
+
+
+def chat(s: ServerProcess, messages: list[dict]) -> tuple[str, int]:
+    c = client(s)
+    r = c.chat.completions.create(model=c.models.list().data[0].id, messages=messages, temperature=0, max_tokens=12)
+    return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens or 0
+
+
+def test_hits_on_a_quantized_kv_cache_are_exact_and_survive_a_restart(servers):
+    bits, cached, plain = servers
+    (m,) = httpx.get(cached.url + "/health").json()["models"]
+    assert m["prefix_cache"] == "on" and m["cache_layout"] == f"Q{bits}g64*30", m
+    long = text(150, seed=bits)
+    first, hit0, _ = complete(cached, long)
+    assert first == complete(plain, long)[0] and hit0 < 64
+    again, hit, _ = complete(cached, long)
+    assert again == first and hit >= 128
+    more = long + " " + text(20, seed=2)
+    got, hit, _ = complete(cached, more)
+    assert got == complete(plain, more)[0] and hit >= 128
+
+    turn1 = [{"role": "system", "content": text(80, seed=3)}, {"role": "user", "content": "Name a colour."}]
+    answer, _ = chat(cached, turn1)
+    assert answer == chat(plain, turn1)[0]
+    turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And another?"}]
+    got, hit = chat(cached, turn2)
+    assert got == chat(plain, turn2)[0] and hit >= 64
+
+    shared = text(100, seed=6)
+    prompts = [shared + " " + text(3 + i, seed=10 + i) for i in range(8)]
+    out: dict[int, tuple] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, complete(cached, prompts[i], 8)))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(out) == 8
+    for i, p in enumerate(prompts):
+        assert out[i][0] == complete(plain, p, 8)[0], i
+    assert sum(hit >= 64 for _, hit, _ in out.values()) >= 7
+
+    cached.stop()
+    cached.start()
+    prompt = long + " " + text(15, seed=7)
+    got, hit, cold = complete(cached, prompt)
+    assert got == complete(plain, prompt)[0]
+    assert cold >= 128 and hit >= cold, (hit, cold)
