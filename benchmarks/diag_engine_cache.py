@@ -5,8 +5,11 @@ temporary base path, measured chunk sizes), then under cProfile on the engine th
 1. three cold ``--prompt-tokens`` prompts, one at a time (TTFT each);
 2. one decode stream alone, then the same with a cold long prompt arriving mid-stream (the
    stream's inter-token gaps while the other prefills).
+With ``--turns N`` instead: an agent-like trace, a ``--prompt-tokens`` prompt and then N - 1
+turns that each append ``--turn-tokens`` new tokens to the last prompt (prefix hits on every
+turn after the first), TTFT per turn.
 Prints TTFTs, gap statistics and the engine thread's top functions by own time.
-Usage: python benchmarks/diag_engine_cache.py --model DIR [--no-ssd] [--no-cache]
+Usage: python benchmarks/diag_engine_cache.py --model DIR [--no-ssd] [--no-cache] [--turns N]
 A diagnostic, not a benchmark of record.
 """
 
@@ -30,6 +33,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=4096)
     ap.add_argument("--no-ssd", action="store_true")
     ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--turns", type=int, default=0, help="run the growing-prompt trace instead")
+    ap.add_argument("--turn-tokens", type=int, default=345)
     a = ap.parse_args()
 
     from omlx.config import ModelSettings, load_config
@@ -70,6 +75,17 @@ def main() -> None:
         eng.submit(req, sink)
         return done
 
+    if a.turns:
+        ids = prompt(a.prompt_tokens)
+        for k in range(a.turns):
+            t: list[float] = []
+            t0 = time.perf_counter()
+            run(Request("diag", list(ids), SamplingParams(max_tokens=1, temperature=0.0)), t).wait(120)
+            print(f"turn {k + 1}: {len(ids)} tokens, TTFT {1e3 * (t[0] - t0):.1f} ms", flush=True)
+            ids += prompt(a.turn_tokens)
+            time.sleep(0.3)
+        report(eng, prof)
+
     for i in range(3):
         t: list[float] = []
         t0 = time.perf_counter()
@@ -99,6 +115,11 @@ def main() -> None:
     print(f"beside a {a.prompt_tokens}-token prefill (TTFT {1e3 * (t1 - t0):.1f} ms): {len(during)} gaps, "
           f"mean {statistics.mean(during) if during else float('nan'):.2f} ms, max {max(during, default=0):.1f}",
           flush=True)
+    report(eng, prof)
+
+
+def report(eng, prof) -> None:
+    """Stop the engine, print its thread's profile, leave the process."""
     eng.stop()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)

@@ -316,6 +316,10 @@ class Engine:
                     "chunk ms by size %s%s)", self.model_id, sizes.prefill_step_size, sizes.mixed_step_size,
                     sizes.decode_step_ms, {k: round(v, 1) for k, v in sizes.chunk_ms.items()},
                     "; measured at an earlier load of this model shape" if reused else "")
+        adopt = getattr(self.prefix_cache, "adopt_chunk_prefill_rate", None)
+        ms = sizes.chunk_ms.get(sizes.prefill_step_size)
+        if adopt is not None and ms:
+            adopt(sizes.prefill_step_size / (ms / 1000))
 
     def _loop(self) -> None:
         if self.measure_steps:

@@ -214,6 +214,8 @@ class PrefixCacheTiers:
     tiers: TieredCache
     spec: CacheSpec
     max_logprobs_bytes: int = 64 * 2**20
+    prefill_note_tokens: int = 0  # the start-up measurement's block (the SSD tier's "prefill" note)
+    prefill_rate_observed: bool = False  # the cost model's rate came from served prefills (a note)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _next_logprobs: OrderedDict[bytes, mx.array] = field(default_factory=OrderedDict)
     _num_logprobs_bytes: int = 0
@@ -441,6 +443,19 @@ class PrefixCacheTiers:
 
         return payload
 
+    def adopt_chunk_prefill_rate(self, tokens_per_s: float) -> None:
+        """Take the engine's measured rate at its own prefill chunk size (`StepSizes`) when it
+        is higher than the start-up block measurement and no served prefill was observed yet:
+        the engine prefills whole chunks, and on an accelerator one short block is mostly fixed
+        cost (H200, 1B model: restoring from disk looked cheaper than a prefill that was not)."""
+        with self._lock:
+            cost = self.tiers.cost
+            if self.prefill_rate_observed or cost.num_prefill_samples or tokens_per_s <= cost.prefill_tokens_per_s:
+                return
+            logger.info("restore cost model: prefill %.0f tok/s (measured at the prefill chunk size; was %.0f)",
+                        tokens_per_s, cost.prefill_tokens_per_s)
+            cost.adopt_prefill_rate(tokens_per_s)
+
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """Feed a measured prefill (``num_tokens`` computed in ``seconds``, the request alone in
         the batch) to the restore cost model, so restore-or-recompute follows the real rate."""
@@ -469,6 +484,11 @@ class PrefixCacheTiers:
         """
         with self._lock:
             t0 = time.monotonic()
+            cost, store = self.tiers.cost, self.tiers.store
+            if store is not None and cost.num_prefill_samples and self.prefill_note_tokens:
+                # The next start takes the rate served prefills showed, not a fresh block measurement.
+                store.save_note("prefill", {"num_tokens": self.prefill_note_tokens, "at": time.time(),
+                                            "tokens_per_s": cost.prefill_tokens_per_s, "source": "observed"})
             done = self.tiers.close(timeout_s)
             cold = self.tiers.cold_stats()
         if cold is not None:
@@ -543,11 +563,16 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
                     "was snapshotted (prefill chunk ends, finished requests)", loaded.model_id)
     policy = TierPolicy(write_through_hits=config.cache.ssd_write_through_hits,
                         write_new_blocks=config.cache.ssd_write_new_blocks, whole_partials_only=stateful)
-    store, cost = _make_cold_tier(loaded, config, ns, kv_dtype, policy, prefill_rate,
-                                  tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS)
+    store, cost, observed = _make_cold_tier(loaded, config, ns, kv_dtype, policy, prefill_rate,
+                                            tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS)
     tiers = TieredCache(pool, ns, MlxPayloadCodec(kv_dtype) if kv_dtype in DTYPES else _NoCodec(),
                         store, policy, cost)
-    return PrefixCacheTiers(tiers, spec)
+    return PrefixCacheTiers(tiers, spec, prefill_note_tokens=_prefill_note_tokens(config), prefill_rate_observed=observed)
+
+
+def _prefill_note_tokens(config: ServerConfig) -> int:
+    """Tokens of the start-up prefill measurement (one block, at most 512)."""
+    return max(1, min(config.cache.block_size, 512))
 
 
 class _NoCodec:
@@ -563,14 +588,15 @@ class _NoCodec:
 def _make_cold_tier(
     loaded: LoadedModel, config: ServerConfig, ns: Namespace, kv_dtype: str, policy: TierPolicy,
     prefill_rate: Callable[[Any, int], float] = measure_prefill_rate, tail_slack_tokens: int = TAIL_SLACK_TOKENS,
-) -> tuple[SSDStore | None, RestoreCostModel | None]:
-    """Open the SSD tier (index rebuilt, budget printed) and measure the restore cost model."""
+) -> tuple[SSDStore | None, RestoreCostModel | None, bool]:
+    """Open the SSD tier (index rebuilt, budget printed) and measure the restore cost model;
+    the flag says its prefill rate is one served prefills showed (the last run's note)."""
     if not config.cache.ssd_enabled:
         logger.info("SSD KV cache for %s: off (disabled by configuration)", loaded.model_id)
-        return None, None
+        return None, None, False
     if kv_dtype not in DTYPES:
         logger.warning("SSD KV cache for %s: off: KV dtype %s cannot be stored", loaded.model_id, kv_dtype)
-        return None, None
+        return None, None, False
     root = config.ssd_cache_dir
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -583,15 +609,19 @@ def _make_cold_tier(
                          progress=sys.stderr.isatty())
     except OSError as e:
         logger.warning("SSD KV cache for %s: off: cannot use %s: %s", loaded.model_id, root, e)
-        return None, None
+        return None, None, False
     st = store.stats()
     logger.info("SSD KV cache for %s: %s, budget %.2f GB (%s); %d block files (%.1f MB) indexed in "
                 "%.2f s, %d bad deleted", loaded.model_id, store.dir, budget / 1e9, how, st.num_files,
                 st.num_bytes / 1e6, st.scan_s, st.num_bad_files)
-    num_tokens = max(1, min(config.cache.block_size, 512))
+    num_tokens = _prefill_note_tokens(config)
     note = store.load_note("prefill")
+    observed = False
     if note and note.get("num_tokens") == num_tokens and time.time() - note.get("at", 0) < _PREFILL_NOTE_MAX_AGE_S:
         prefill, when = float(note["tokens_per_s"]), time.strftime("%Y-%m-%d %H:%M", time.localtime(note["at"]))
+        observed = note.get("source") == "observed"
+        if observed:
+            when += ", served prefills"
     else:
         prefill, when = prefill_rate(loaded.model, num_tokens), "now"
         store.save_note("prefill", {"num_tokens": num_tokens, "tokens_per_s": prefill, "at": time.time()})
@@ -600,7 +630,7 @@ def _make_cold_tier(
                 prefill, when, num_tokens,
                 f"{read_bw / 1e6:.0f} MB/s (measured)" if read_bw else
                 f"{policy.assumed_read_bytes_per_s / 1e6:.0f} MB/s (assumed until measured)")
-    return store, RestoreCostModel(prefill, read_bw, policy)
+    return store, RestoreCostModel(prefill, read_bw, policy), observed
 
 
 def _kv_dtype(loaded: LoadedModel) -> str:

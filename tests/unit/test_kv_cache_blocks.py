@@ -206,3 +206,24 @@ def test_layers_that_differ_in_kv_shape_are_cached_per_layer_and_restored_exactl
             assert mx.array_equal(got.keys[..., : len(PROMPT), :], want.keys[..., : len(PROMPT), :])
             assert mx.array_equal(got.values[..., : len(PROMPT), :], want.values[..., : len(PROMPT), :])
         tiers.release(again)
+
+
+def test_the_restore_cost_model_takes_the_chunk_rate_and_keeps_what_served_prefills_showed(tmp_path: Path):
+    """A start-up block measurement is replaced by the faster rate at the engine's chunk size;
+    once served prefills were observed they win, and a clean close leaves them in the SSD
+    tier's note for the next start."""
+    pc = tiers_for(tmp_path)
+    pc.prefill_note_tokens = 256
+    cost = pc.tiers.cost
+    cost.adopt_prefill_rate(1000.0)
+    pc.adopt_chunk_prefill_rate(400.0)  # slower than what it has: kept
+    assert cost.prefill_tokens_per_s == 1000.0
+    pc.adopt_chunk_prefill_rate(8000.0)
+    assert cost.prefill_tokens_per_s == 8000.0
+    pc.observe_prefill(3000, 1.0)
+    rate = cost.prefill_tokens_per_s
+    pc.adopt_chunk_prefill_rate(50000.0)  # served prefills are the better evidence
+    assert cost.prefill_tokens_per_s == rate < 8000.0
+    assert pc.close(10)
+    note = pc.tiers.store.load_note("prefill")
+    assert note["source"] == "observed" and note["num_tokens"] == 256 and note["tokens_per_s"] == rate
