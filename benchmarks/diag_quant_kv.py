@@ -5,6 +5,7 @@ from mlx_lm import load
 from omlx.engine.cache_spec import spec_of_model
 from omlx.engine.runner import BatchRunner
 m, tok = load(sys.argv[1])
+print('loaded', sys.argv[1], flush=True)
 for bits in (8, 4):
     spec = spec_of_model(m).with_kv_bits(bits, 64)
     prompts = [[100 + (i * 37 + j * 11) % 40000 for i in range(n)] for j, n in enumerate((700, 90, 1500))]
@@ -16,6 +17,7 @@ for bits in (8, 4):
             for g in r.next()[1]:
                 out[g.uid].append(g.token)
         return [out[u] for u in uids]
-    alone = [run([p])[0] for p in prompts]
+    t = time.perf_counter(); alone = [run([p])[0] for p in prompts]
+    print(f'kv_bits {bits}: alone runs {time.perf_counter() - t:.2f} s', flush=True)
     t = time.perf_counter(); batch = run(prompts); dt = time.perf_counter() - t
-    print(f"kv_bits {bits} on {mx.default_device()}: layout {spec.describe()}; batch == alone: {batch == alone} ({dt:.2f} s)")
+    print(f"kv_bits {bits} on {mx.default_device()}: layout {spec.describe()}; batch == alone: {batch == alone} ({dt:.2f} s)", flush=True)

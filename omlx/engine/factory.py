@@ -158,13 +158,17 @@ def model_cache_spec(loaded: LoadedModel, config: ServerConfig):
     if spec.kv_quantization is None:
         raise ModelImportError(f"--kv-bits {config.kv_bits}: {loaded.model_id} has no full-attention layer to quantize "
                                f"(cache layout {spec.describe()})")
+    if mx.default_device() != mx.cpu:
+        logger.info("%s: checking that it attends over quantized KV; on CUDA the first calls compile MLX's quantized "
+                    "matmul kernels (MLX 0.32.4, H200: ~30 s, and again for new shapes)", loaded.model_id)
+    t0 = time.monotonic()
     try:  # a model whose attention cannot read quantized KV fails here, not on a client's request
         mx.eval(loaded.model(mx.array([[1, 2]]), cache=spec.make_cache()))
     except Exception as e:
         raise ModelImportError(f"--kv-bits {config.kv_bits} (group size {config.kv_group_size}): {loaded.model_id} "
                                f"cannot attend over a quantized KV cache: {e}") from e
-    logger.info("%s: KV cache quantized to %d bits, group size %d (cache layout %s)", loaded.model_id,
-                config.kv_bits, config.kv_group_size, spec.describe())
+    logger.info("%s: KV cache quantized to %d bits, group size %d (cache layout %s; checked in %.1f s)",
+                loaded.model_id, config.kv_bits, config.kv_group_size, spec.describe(), time.monotonic() - t0)
     if mx.default_device() == mx.cpu:
         logger.warning("%s: --kv-bits on the CPU: attention over quantized KV runs through MLX's CPU quantized "
                        "matmul, not BLAS: prefill ~3x and decode ~1.25x slower than unquantized (SmolLM2-135M, "
