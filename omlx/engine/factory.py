@@ -169,6 +169,11 @@ def model_cache_spec(loaded: LoadedModel, config: ServerConfig):
                                f"cannot attend over a quantized KV cache: {e}") from e
     logger.info("%s: KV cache quantized to %d bits, group size %d (cache layout %s; checked in %.1f s)",
                 loaded.model_id, config.kv_bits, config.kv_group_size, spec.describe(), time.monotonic() - t0)
+    if config.kv_bits <= 4 and config.cache.enabled:
+        logger.warning("%s: --kv-bits %d with the prefix cache: a hit may reuse KV another request computed under other "
+                       "prefill chunk cuts, which differs from a prefill of this prompt in the last bit; at %d bits the "
+                       "quantization scales can amplify that into different later tokens (README, --kv-bits)",
+                       loaded.model_id, config.kv_bits, config.kv_bits)
     if mx.default_device() == mx.cpu:
         logger.warning("%s: --kv-bits on the CPU: attention over quantized KV runs through MLX's CPU quantized "
                        "matmul, not BLAS: prefill ~3x and decode ~1.25x slower than unquantized (SmolLM2-135M, "
