@@ -16,8 +16,8 @@ from omlx.cli.common import config_from
 _COLOR = {"ok": "green", "info": "blue", "warning": "yellow", "error": "red"}
 
 
-def _model_caches(models_dir) -> dict[str, tuple[str, bool | None]]:
-    """Each model folder's cache layout, read from its config without loading weights (None:
+def _model_caches(models_dir, kv_bits: int | None = None, kv_group_size: int = 64) -> dict[str, tuple[str, bool | None]]:
+    """Each model folder's cache layout (as ``--kv-bits`` serves it), read from its config without loading weights (None:
     not a language model mlx-lm builds, e.g. an embedding model omlx serves with its own encoder)."""
     from omlx.engine.cache_spec import describe_model_cache
 
@@ -27,7 +27,7 @@ def _model_caches(models_dir) -> dict[str, tuple[str, bool | None]]:
     for p in sorted(models_dir.iterdir()):
         if (p / "config.json").is_file():
             try:
-                out[p.name] = describe_model_cache(p)
+                out[p.name] = describe_model_cache(p, kv_bits, kv_group_size)
             except Exception as e:  # not an mlx-lm language model: no prefix cache applies
                 out[p.name] = (f"not an mlx-lm language model ({type(e).__name__}: {e})", None)
     return out
@@ -47,7 +47,7 @@ def doctor(
 
     cfg = config_from({"host": host, "port": port, "base_path": base_path}, config)
     facts = Facts(memory_ceiling_bytes=MemoryLimits.from_config(cfg.memory).ceiling_bytes,
-                  bind_problem=check_bind(cfg), model_caches=_model_caches(cfg.models_dir))
+                  bind_problem=check_bind(cfg), model_caches=_model_caches(cfg.models_dir, cfg.kv_bits, cfg.kv_group_size))
     report = run_checks(cfg, facts)
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=1))

@@ -421,10 +421,11 @@ def spec_of_model(model: Any) -> CacheSpec:
     return CacheSpec(layer_specs(make_prompt_cache(model)))
 
 
-def describe_model_cache(path: Any) -> tuple[str, bool]:
+def describe_model_cache(path: Any, kv_bits: int | None = None, kv_group_size: int = 64) -> tuple[str, bool]:
     """(cache layout or the reason it is unsupported, prefix cache possible) of the mlx-lm
     model folder ``path``, without reading its weights (``mlx_lm.utils.load_model(lazy=True)``
-    maps the files; nothing is evaluated). For ``omlx doctor``.
+    maps the files; nothing is evaluated); with ``kv_bits``, the layout ``--kv-bits`` serves it
+    with. For ``omlx doctor``.
 
     Raises:
         Exception: whatever mlx-lm raises for a folder it cannot load.
@@ -437,7 +438,8 @@ def describe_model_cache(path: Any) -> tuple[str, bool]:
     model, _ = load_model(Path(path), lazy=True)
     caches = make_prompt_cache(model)
     try:
-        return describe(layer_specs(caches)), True
+        spec = CacheSpec(layer_specs(caches))
+        return (spec.with_kv_bits(kv_bits, kv_group_size) if kv_bits else spec).describe(), True
     except UnsupportedCacheError as e:
         return str(e), False
 

@@ -152,8 +152,11 @@ def test_each_model_folder_names_its_cache_layout_and_whether_the_prefix_cache_h
     assert caches["broken"]["prefix_cache"] is None and "not an mlx-lm language model" in caches["broken"]["layout"]
     assert found["level"] == "ok", found
     assert "tiny-gemma3 (cache W16k0,A,W16k0,A; prefix cache on)" in found["summary"]
+    from omlx.cli.doctor import _model_caches
+
+    assert _model_caches(models, 4, 16)["tiny-gemma3"] == ("W16k0,Q4g16,W16k0,Q4g16", True)  # as --kv-bits 4 serves it
     facts = doctor.Facts(memory_ceiling_bytes=8 * 10**9, bind_problem=None,
-                         model_caches={"tiny-gemma3": ("layer 0 uses QuantizedKVCache", False)})
+                         model_caches={"tiny-gemma3": ("layer 0 uses ChunkedKVCache", False)})
     cfg = load_config({"base_path": str(tmp_path / "home")})
     f = doctor.check_models(cfg, facts)
-    assert f.level == "warning" and f.fix and "prefix cache off: layer 0 uses QuantizedKVCache" in f.summary
+    assert f.level == "warning" and f.fix and "prefix cache off: layer 0 uses ChunkedKVCache" in f.summary
