@@ -194,8 +194,10 @@ def test_an_aborted_long_prefill_is_resumed_by_its_retries_and_prefilled_once(se
         time.sleep(0.05)
     stream.close()  # the client leaves mid-prefill
     assert row is not None, "the prompt was never seen prefilling with 256 tokens done"
-    assert row["num_prompt_tokens"] == ref_usage.prompt_tokens and row["num_cached_tokens"] == 0
-    assert 0 < row["progress"] < 1 and row["tokens_per_s"] > 0 and row["eta_s"] > 0
+    # at most the chat template's opening hits (a tail another test's prompt left): not a block
+    assert row["num_prompt_tokens"] == ref_usage.prompt_tokens and row["num_cached_tokens"] < 32, row
+    assert row["num_done_tokens"] == row["num_cached_tokens"] + row["num_prefilled_tokens"], row
+    assert 0 < row["progress"] < 1 and row["tokens_per_s"] > 0 and row["eta_s"] > 0, row
     aborted = None
     while time.monotonic() < deadline and aborted is None:
         aborted = next((r for r in _recent(cached)["requests"] if r["request_id"] not in known), None)
