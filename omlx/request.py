@@ -79,6 +79,9 @@ class Request:
         prompt_token_ids: the templated, tokenized prompt.
         sampling: sampling settings.
         arrival_s: time.monotonic() at arrival.
+        num_prefilled_tokens: prompt tokens the engine ran through the model for this request
+            so far (cached ones excluded; a prompt prefilled again after a failed batch step
+            counts again). Written by the engine thread only.
     """
 
     model: str
@@ -87,6 +90,7 @@ class Request:
     request_id: str = field(default_factory=lambda: f"req-{next(_request_counter)}-{time.time_ns():x}")
     arrival_s: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
+    num_prefilled_tokens: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

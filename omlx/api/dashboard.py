@@ -39,9 +39,11 @@ async def admin_page(http: HttpRequest):
 
 @bp.route("/v1/admin/recent", methods=["GET", "HEAD"])
 async def recent_requests(http: HttpRequest):
-    """The newest finished generation requests (``?limit=``, 1..200, default 50), newest first."""
+    """The newest finished generation requests (``?limit=``, 1..200, default 50), newest first, and
+    under ``prefilling`` the requests whose prompt is being prefilled now (progress, tok/s, ETA)."""
     limit = get_int({k: _int_arg(v) for k, v in http.args.items()}, "limit", 50, lo=1, hi=200)
-    return json_response({"requests": http.app.ctx.metrics.recent(limit)})
+    m = http.app.ctx.metrics
+    return json_response({"requests": m.recent(limit), "prefilling": m.prefilling()})
 
 
 def _int_arg(values: list[str]) -> int | str:

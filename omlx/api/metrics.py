@@ -37,6 +37,8 @@ class RequestRecord:
     Attributes:
         finished_at: wall clock (Unix seconds) when it ended.
         outcome: "stop", "length", "abort" or "error".
+        num_prefilled_tokens: prompt tokens this request ran through the model (cached ones
+            excluded), aborted and failed requests included.
         ttft_ms: time to first token (None when no token came).
         tpot_ms: mean time per output token after the first (None with fewer than 2 tokens).
         decode_tps: tokens after the first / decode seconds.
@@ -50,6 +52,7 @@ class RequestRecord:
     num_completion_tokens: int
     num_cached_tokens: int
     num_cached_tokens_cold: int
+    num_prefilled_tokens: int
     ttft_ms: float | None
     tpot_ms: float | None
     decode_tps: float | None
@@ -87,7 +90,7 @@ class Metrics:
         if isinstance(event, Failed):
             self.requests.labels(model, "error").inc()
             self._push(RequestRecord(request.request_id, model, time.time(), "error", request.num_prompt_tokens,
-                                     0, 0, 0, None, None, None, None))
+                                     0, 0, 0, request.num_prefilled_tokens, None, None, None, None))
             return
         if not isinstance(event, Finished):
             return
@@ -105,7 +108,7 @@ class Metrics:
                 self.tpot.labels(model).observe(tpot_s)
         self._push(RequestRecord(
             request.request_id, model, time.time(), event.finish_reason, u.num_prompt_tokens,
-            u.num_completion_tokens, u.num_cached_tokens, u.num_cached_tokens_cold,
+            u.num_completion_tokens, u.num_cached_tokens, u.num_cached_tokens_cold, request.num_prefilled_tokens,
             _ms(u.ttft_s), _ms(tpot_s), round(1.0 / tpot_s, 2) if tpot_s else None, _ms(u.total_s)))
 
     def _push(self, rec: RequestRecord) -> None:
@@ -117,6 +120,18 @@ class Metrics:
         with self._lock:
             rows = list(self._recent)[-limit:]
         return [asdict(r) for r in reversed(rows)]
+
+    def prefilling(self) -> list[dict[str, Any]]:
+        """Requests whose prompt is being prefilled now, on every loaded model, oldest first:
+        `omlx.engine.progress.PrefillStatus.as_dict` rows (tokens done / total, tok/s, ETA s)."""
+        rows: list[dict[str, Any]] = []
+        if self.pool is None:
+            return rows
+        for e in self.pool.entries():
+            snapshot = getattr(e.engine, "prefilling", None)
+            if snapshot is not None:
+                rows.extend(r.as_dict() for r in snapshot())
+        return rows
 
     def exposition(self) -> bytes:
         """The Prometheus text format (version 0.0.4) of every metric."""

@@ -216,7 +216,7 @@ PATHS: dict[str, dict[str, Any]] = {
     "/metrics": _get("Prometheus text exposition: requests, tokens, TTFT/TPOT histograms, cache, memory", "admin",
                      media="text/plain"),
     "/admin": _get("the web dashboard (HTML; ?key= once when an API key is set)", "admin", media="text/html"),
-    "/v1/admin/recent": _get("the newest finished generation requests (query: limit, 1-200)", "admin"),
+    "/v1/admin/recent": _get("the newest finished generation requests (query: limit, 1-200) and the prompts prefilling now", "admin"),
     "/v1/models": _get("models served (OpenAI or Anthropic shape by headers)", "models"),
     "/v1/models/{model_id}": _get("one model", "models", ["model_id"]),
     "/v1/models/status": _get("memory figures, every known model, recent load events", "admin"),

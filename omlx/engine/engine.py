@@ -30,6 +30,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor
 from omlx.engine.output import OutputState, token_bytes
+from omlx.engine.progress import PrefillRate, PrefillStatus, prefill_rate, warn_if_slow
 from omlx.engine.runner import BatchRunner, StepSizes, measured_step_sizes
 from omlx.engine.sampling import make_processors, make_sampler
 from omlx.errors import ClusterUnavailableError, EngineError
@@ -100,6 +101,10 @@ class _Running:
     processors: list[Any] = field(default_factory=list)
     generated_ids: list[int] = field(default_factory=list)  # kept so a retry can resume
     num_retries: int = 0
+    # Prompt tokens the current insert prefills (uncached ones; all of them after a batch
+    # retry) and the runner's progress count of that insert: `request.num_prefilled_tokens`.
+    num_prompt_to_prefill: int = 0
+    num_insert_prefilled: int = 0
 
 
 def _guard_processor(rid: str, proc: Any, faults: dict[str, Exception]) -> Any:
@@ -343,8 +348,11 @@ class Engine:
                 self._fail_attributed({r.uid for r in gen_resps if r.finish_reason is not None})
             for pr in prompt_resps:
                 st = self._by_uid.get(pr.uid)
-                if st is not None and not pr.end_of_prompt:
-                    done, total = pr.progress
+                if st is None:
+                    continue
+                done, total = pr.progress
+                self._count_prefilled(st, done)
+                if not pr.end_of_prompt:
                     st.sink(PrefillProgress(st.num_cached_tokens + done, st.num_cached_tokens + total))
             for r in gen_resps:
                 try:
@@ -451,6 +459,7 @@ class Engine:
             stop_sequences=[self._stop_sequences],
         )
         st.uid = uid
+        st.num_prompt_to_prefill, st.num_insert_prefilled = st.request.num_prompt_tokens, 0
         self._by_uid[uid] = st
 
     def _handle_aborts(self) -> None:
@@ -461,6 +470,7 @@ class Engine:
                 return
             st = self._by_rid.get(rid)
             if st is not None:
+                self._keep_prefilled_blocks(st)
                 if error is None:
                     self._finish(st, "abort", remove=True, prompt_cache=None, all_tokens=None)
                 else:
@@ -524,6 +534,7 @@ class Engine:
             if lease is not None:
                 pc.materialize(lease)  # type: ignore[union-attr]
             num_cached = lease.num_cached_tokens if lease is not None else 0
+            warn_if_slow(req.request_id, len(tokens) - num_cached, len(tokens), self.prefill_rate())
             caches = [lease.caches] if lease is not None and lease.caches is not None else None
             (uid,) = self._gen.insert_segments(
                 [[list(tokens[num_cached:])]],
@@ -548,6 +559,7 @@ class Engine:
             num_cached_tokens_cold=lease.num_cached_tokens_cold if lease is not None else 0,
             sampler=sampler,
             processors=procs,
+            num_prompt_to_prefill=len(tokens) - num_cached,
         ))
 
     def _track(self, st: _Running) -> None:
@@ -688,6 +700,54 @@ class Engine:
         caches = self._gen.decode_caches(r.uid)
         if caches is not None:
             self._cache_blocks(st, caches, num_kv)
+
+    def _count_prefilled(self, st: _Running, done: int) -> None:
+        """The runner reports ``done`` tokens of ``st``'s current insert prefilled: count the
+        prompt tokens among them into ``request.num_prefilled_tokens``."""
+        done = min(done, st.num_prompt_to_prefill)
+        if done > st.num_insert_prefilled:
+            st.request.num_prefilled_tokens += done - st.num_insert_prefilled
+            st.num_insert_prefilled = done
+
+    def _keep_prefilled_blocks(self, st: _Running) -> None:
+        """Before a request leaves mid-prefill: run the chunk hooks still due (the last chunk's
+        is queued until the next step), so every full block it computed stays in the prefix
+        cache and a retry of the prompt resumes from there instead of from the last report."""
+        if st.first_token_s is not None or st.lease is None or not self._caches_blocks_early():
+            return
+        flush = getattr(self._gen, "flush_reports", None)
+        if flush is not None:
+            try:
+                flush()
+            except Exception:
+                logger.exception("could not cache the prefilled blocks of %s", st.request.request_id)
+
+    def prefill_rate(self) -> PrefillRate | None:
+        """The engine's best prefill rate estimate (`omlx.engine.progress.prefill_rate`); any thread."""
+        cost = getattr(getattr(self.prefix_cache, "tiers", None), "cost", None)
+        return prefill_rate(cost, self.step_sizes.chunk_ms if self.step_sizes else None, self.prefill_step_size)
+
+    def prefilling(self) -> list[PrefillStatus]:
+        """Requests whose prompt is being prefilled now, with progress, rate and ETA (a
+        snapshot, from any thread), oldest first."""
+        now = time.monotonic()
+        rate = self.prefill_rate()
+        rows = []
+        for st in sorted(list(self._by_rid.values()), key=lambda s: s.start_s):
+            if st.first_token_s is not None or st.uid < 0:
+                continue
+            req = st.request
+            elapsed = now - st.start_s
+            done = st.num_insert_prefilled
+            own = done / elapsed if done and elapsed > 0 else None
+            tps = own or (rate.tokens_per_s if rate is not None else None)
+            left = max(0, st.num_prompt_to_prefill - done)
+            rows.append(PrefillStatus(
+                request_id=req.request_id, model=self.model_id, num_prompt_tokens=req.num_prompt_tokens,
+                num_cached_tokens=st.num_cached_tokens, num_prefilled_tokens=req.num_prefilled_tokens,
+                num_to_prefill=st.num_prompt_to_prefill, elapsed_s=elapsed, tokens_per_s=tps,
+                eta_s=left / tps if tps else None))
+        return rows
 
     def _observe_prefill(self, st: _Running, now: float) -> None:
         """Give the cache's restore cost model a real prefill rate: only a request that was

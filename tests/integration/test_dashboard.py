@@ -80,6 +80,10 @@ def test_page_shows_models_cache_and_kernels_and_buttons_work(server, browser):
     assert cells[2].endswith("%") and cells[2] != "0.0 %", cells  # the second request hit
     assert int(cells[3]) > 0
     assert len(browser.find_elements(By.CSS_SELECTOR, "#recent tbody tr")) >= 2
+    heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#recent thead th")]
+    first = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#recent tbody tr")[0].find_elements(By.TAG_NAME, "td")]
+    # the newest request (a whole-prompt hit) ran none of its prompt through the model
+    assert first[heads.index("prefilled")] == "0", (heads, first)
     assert "BLAS:" in browser.find_element(By.ID, "blas").text
     assert "used" in browser.find_element(By.ID, "memory-text").text
     assert browser.find_elements(By.CSS_SELECTOR, "#plot-memory polyline")

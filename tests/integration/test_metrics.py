@@ -83,5 +83,8 @@ def test_recent_requests_list_the_traffic(server):
     assert r.status_code == 200
     (row,) = r.json()["requests"]
     assert row["model"] == MODEL_ID and row["num_completion_tokens"] >= 1 and row["ttft_ms"] > 0
+    # a fresh prompt: every prompt token ran through the model (none came from the cache)
+    assert row["num_prefilled_tokens"] == row["num_prompt_tokens"] - row["num_cached_tokens"] > 0
+    assert r.json()["prefilling"] == []  # nothing is prefilling now
     bad = httpx.get(server.url + "/v1/admin/recent?limit=abc", headers=AUTH, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"

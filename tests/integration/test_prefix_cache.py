@@ -159,3 +159,68 @@ def test_cache_stats_report_hits(servers):
     assert hot["num_hits"] > 0 and hot["num_hit_tokens"] > 0 and hot["num_bytes"] > 0
     assert hot["num_bytes"] <= hot["max_bytes"]
     assert hot["num_whole_prompt_hits"] > 0 and hot["num_next_logprobs"] > 0
+
+
+# ---- a long first prompt is never lost (issue 27) --------------------------------------------
+
+LONG_SYSTEM = "".join(f"Rule {i}: when a request touches module number {i}, read its tests first, keep "
+                      f"its public names, and write down why in the review note. " for i in range(30))
+
+
+def _recent(s: ServerProcess) -> dict:
+    return httpx.get(s.url + "/v1/admin/recent?limit=20", timeout=30).json()
+
+
+def test_an_aborted_long_prefill_is_resumed_by_its_retries_and_prefilled_once(servers):
+    """A client leaves mid-prefill (the real openai SDK closes its stream); its blocks stay cached:
+    two concurrent retries of the prompt resume from them and from each other, their greedy output
+    equals a server without cache, and over the three attempts each prompt token ran through the
+    model about once (``num_prefilled_tokens`` in ``/v1/admin/recent``)."""
+    import time
+
+    cached, plain = servers
+    msgs = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "Which rule covers module 7?"}]
+    ref, ref_usage = _chat(plain, msgs, max_tokens=24)
+    assert ref_usage.prompt_tokens > 1000
+    known = {r["request_id"] for r in _recent(cached)["requests"]}
+    stream = _client(cached).chat.completions.create(model=MODEL_ID, messages=msgs, temperature=0, max_tokens=24,
+                                                     seed=1, stream=True)
+    row, deadline = None, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rows = _recent(cached)["prefilling"]
+        if rows and rows[0]["num_prefilled_tokens"] >= 256:
+            row = rows[0]
+            break
+        time.sleep(0.05)
+    stream.close()  # the client leaves mid-prefill
+    assert row is not None, "the prompt was never seen prefilling with 256 tokens done"
+    # at most the chat template's opening hits (a tail another test's prompt left): not a block
+    assert row["num_prompt_tokens"] == ref_usage.prompt_tokens and row["num_cached_tokens"] < 32, row
+    assert row["num_done_tokens"] == row["num_cached_tokens"] + row["num_prefilled_tokens"], row
+    assert 0 < row["progress"] < 1 and row["tokens_per_s"] > 0 and row["eta_s"] > 0, row
+    aborted = None
+    while time.monotonic() < deadline and aborted is None:
+        aborted = next((r for r in _recent(cached)["requests"] if r["request_id"] not in known), None)
+        time.sleep(0.05)
+    assert aborted is not None and aborted["outcome"] == "abort", aborted
+    assert 256 <= aborted["num_prefilled_tokens"] < ref_usage.prompt_tokens
+    known.add(aborted["request_id"])
+
+    out: list = [None, None]
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, _chat(cached, msgs, max_tokens=24)))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    (text_a, usage_a), (text_b, usage_b) = out
+    assert text_a == ref and text_b == ref
+    first, second = sorted([usage_a, usage_b], key=lambda u: u.prompt_tokens_details.cached_tokens)
+    assert first.prompt_tokens_details.cached_tokens >= aborted["num_prefilled_tokens"] // 32 * 32
+    assert second.prompt_tokens_details.cached_tokens >= ref_usage.prompt_tokens // 32 * 32 - 1
+    retries = [r for r in _recent(cached)["requests"] if r["request_id"] not in known]
+    assert len(retries) == 2 and all(r["outcome"] in ("stop", "length") for r in retries), retries
+    for r in retries:
+        assert r["num_prefilled_tokens"] == r["num_prompt_tokens"] - r["num_cached_tokens"]
+    total = aborted["num_prefilled_tokens"] + sum(r["num_prefilled_tokens"] for r in retries)
+    assert total <= ref_usage.prompt_tokens + 32  # the second retry redoes at most the first's partial block
