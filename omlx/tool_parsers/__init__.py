@@ -63,6 +63,7 @@ _MODULES = {
     "kimi_k2": "omlx.tool_parsers.kimi_k2",
     "longcat": "omlx.tool_parsers.longcat",
     "deepseek": "omlx.tool_parsers.deepseek",
+    "pythonic": "omlx.tool_parsers.pythonic",
 }
 
 # Dialects that need an optional package; not a dependency of omlx.
@@ -92,6 +93,9 @@ ALIASES = {
     "deepseek_v3": "deepseek",
     "deepseek_v31": "deepseek",
     "gpt_oss": "harmony",
+    "llama3_pythonic": "pythonic",
+    "llama4_pythonic": "pythonic",
+    "lfm2": "pythonic",
 }
 
 _loaded: dict[str, Dialect] = {}

@@ -26,6 +26,8 @@ _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("qwen3_coder_xml", ("<tool_call>", "<function=")),
     ("mistral", ("[TOOL_CALLS]",)),
     ("harmony", ("<|channel|>", "<|call|>")),
+    ("pythonic", ("<|tool_call_start|>",)),  # LFM2
+    ("pythonic", ("[func_name1(",)),  # the Llama 3.2 / Llama 4 pythonic templates' instruction
     ("llama3_json", ("<|python_tag|>",)),
     ("llama3_json", ("<|start_header_id|>", '"parameters": ')),
     ("hermes", ("<tool_call>",)),
@@ -41,6 +43,7 @@ _VOCAB_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("deepseek", (_DEEPSEEK,)),
     ("mistral", ("[TOOL_CALLS]",)),
+    ("pythonic", ("<|tool_call_start|>", "<|tool_call_end|>")),
     ("llama3_json", ("<|python_tag|>",)),
     ("hermes", ("<tool_call>", "</tool_call>")),
 )

@@ -242,6 +242,37 @@ DEEPSEEK = [
       _DB + _CB + "get_weather" + _SEP + "city=Oslo" + _CE + _DE),
 ]
 
+CONF = ("configure", {"enabled": True, "ratio": 0.5, "tags": ["a", "b"], "opts": {"k": 1, "z": None}})
+UNI = ("get_weather", {"city": "Zürich ☃ 東京 🌧"})
+NOARGS = ("list_files", {})
+
+_TS, _TE = "<|tool_call_start|>", "<|tool_call_end|>"
+PYTHONIC = [
+    C("single", '[get_weather(city="Oslo", days=3)]', None, OSLO),
+    C("parallel", '[get_weather(city="Oslo", days=3), get_weather(city="Lyon")]', None, OSLO, LYON),
+    C("zero-args", "[list_files()]", None, NOARGS),
+    C("typed", "[configure(enabled=True, ratio=0.5, tags=['a', 'b'], opts={'k': 1, 'z': None})]", None, CONF),
+    C("json-literals-in-containers", '[configure(enabled=true, ratio=5e-1, tags=["a", "b"], opts={"k": 1, "z": null})]',
+      None, CONF),
+    C("unicode", "[get_weather(city='Zürich ☃ 東京 🌧')]", None, UNI),
+    C("brackets-in-string", '[write_file(path="a.py", content="x = f(a[1])]) # \\"q\\"")]', None,
+      ("write_file", {"path": "a.py", "content": 'x = f(a[1])]) # "q"'})),
+    C("coerce-string-int", '[get_weather(city="Oslo", days="3")]', None, OSLO),
+    C("lfm2-wrapped", _TS + '[get_weather(city="Oslo", days=3)]' + _TE, None, OSLO),
+    C("lfm2-call-after-text", "Let me check.\n" + _TS + '[get_weather(city="Lyon")]' + _TE, "Let me check.", LYON),
+    C("lfm2-text-after-call", _TS + '[get_weather(city="Lyon")]' + _TE + "\nChecking now.", "Checking now.", LYON),
+    C("llama4-python-start", '<|python_start|>[get_weather(city="Oslo", days=3), list_files()]<|python_end|>', None,
+      OSLO, NOARGS),
+    C("bare-then-text", '[get_weather(city="Lyon")] is the call.', '[get_weather(city="Lyon")] is the call.'),
+    C("bare-after-text", 'Call [get_weather(city="Lyon")]', 'Call [get_weather(city="Lyon")]'),
+    C("bare-unknown-tool", '[launch(x=1)]', "[launch(x=1)]"),
+    C("json-list-answer", '[{"city": "Oslo", "temp": 3}, 2]', '[{"city": "Oslo", "temp": 3}, 2]'),
+    C("positional-arg", '[get_weather("Oslo")]', '[get_weather("Oslo")]'),
+    C("malformed", _TS + "[get_weather(city=Oslo Lyon)]" + _TE, _TS + "[get_weather(city=Oslo Lyon)]" + _TE),
+    C("truncated", _TS + '[get_weather(city="Os', _TS + '[get_weather(city="Os'),
+    C("bare-truncated", '[get_weather(city="Oslo"', '[get_weather(city="Oslo"'),
+]
+
 TABLE: dict[str, list[Case]] = {
     "hermes": HERMES,
     "qwen3_coder_xml": QWEN3_CODER_XML,
@@ -253,4 +284,5 @@ TABLE: dict[str, list[Case]] = {
     "kimi_k2": KIMI_K2,
     "longcat": LONGCAT,
     "deepseek": DEEPSEEK,
+    "pythonic": PYTHONIC,
 }

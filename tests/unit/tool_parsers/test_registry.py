@@ -83,6 +83,10 @@ HERMES_TEMPLATE = '{%- if tools %}<tool_call>\n{"name": <function-name>, "argume
         ("tools <|tool_calls_section_begin|>", None, "kimi_k2"),
         ("tools <longcat_tool_call>", None, "longcat"),
         ("tools <｜tool▁calls▁begin｜>", None, "deepseek"),
+        ("{%- if tools %}<|tool_call_start|>[{{ name }}(...)]<|tool_call_end|>", None, "pythonic"),
+        ("<|start_header_id|>system tools: [func_name1(params_name1=params_value1, params_name2=...), "
+         "func_name2(params)]", None, "pythonic"),
+        (None, {"<|tool_call_start|>", "<|tool_call_end|>"}, "pythonic"),
         ("{{ messages }} no tool support at all", {"<tool_call>"}, None),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", {"<tool_call>", "</tool_call>"}, None),
         ("tools are listed below, with custom markers", {"[TOOL_CALLS]"}, "mistral"),
@@ -194,6 +198,7 @@ def _long_call(dialect: str, size: int) -> str:
         "minimax": f'<minimax:tool_call><invoke name="write_file"><parameter name="content">{code}</parameter></invoke></minimax:tool_call>',
         "kimi_k2": f"<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|>",
         "longcat": f'<longcat_tool_call>{{"name": "write_file", "arguments": {args}}}</longcat_tool_call>',
+        "pythonic": f"<|tool_call_start|>[write_file(path='p', content={code!r})]<|tool_call_end|>",
         "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     }[dialect]
 
