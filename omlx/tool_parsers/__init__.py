@@ -64,6 +64,7 @@ _MODULES = {
     "longcat": "omlx.tool_parsers.longcat",
     "deepseek": "omlx.tool_parsers.deepseek",
     "pythonic": "omlx.tool_parsers.pythonic",
+    "kimi_k3": "omlx.tool_parsers.kimi_k3",
 }
 
 # Dialects that need an optional package; not a dependency of omlx.

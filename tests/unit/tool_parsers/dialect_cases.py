@@ -273,6 +273,42 @@ PYTHONIC = [
     C("bare-truncated", '[get_weather(city="Oslo"', '[get_weather(city="Oslo"'),
 ]
 
+_K3B, _K3E = "<|open|>tools<|sep|>", "<|close|>tools<|sep|>"
+
+
+def _k3(name: str, *args: tuple[str, str, str], idx: int = 1) -> str:
+    body = "".join(f'\n    <|open|>argument key="{k}" type="{t}"<|sep|>{v}<|close|>argument<|sep|>' for k, t, v in args)
+    return f'\n  <|open|>call tool="{name}" index="{idx}"<|sep|>{body}\n  <|close|>call<|sep|>'
+
+
+_K3_OSLO = _k3("get_weather", ("city", "string", "Oslo"), ("days", "integer", "3"))
+KIMI_K3 = [
+    C("single", _K3B + _K3_OSLO + "\n" + _K3E, None, OSLO),
+    C("parallel", _K3B + _K3_OSLO + _k3("get_weather", ("city", "string", "Lyon"), idx=2) + "\n" + _K3E, None, OSLO, LYON),
+    C("zero-args", _K3B + '<|open|>call tool="list_files" index="1"<|sep|><|close|>call<|sep|>' + _K3E, None, NOARGS),
+    C("typed", _K3B + _k3("configure", ("enabled", "boolean", "true"), ("ratio", "number", "0.5"),
+                          ("tags", "array", '["a", "b"]'), ("opts", "object", '{"k": 1, "z": null}')) + _K3E, None, CONF),
+    C("string-type-keeps-json-text", _K3B + _k3("write_file", ("path", "string", "a.json"),
+                                                ("content", "string", '{"k": 1}')) + _K3E, None,
+      ("write_file", {"path": "a.json", "content": '{"k": 1}'})),
+    C("json-block", _K3B + '<|open|>call tool="get_weather" index="1"<|sep|><|open|>json type="object"<|sep|>'
+      '{"city": "Oslo", "days": 3}<|close|>json<|sep|><|close|>call<|sep|>' + _K3E, None, OSLO),
+    C("json-block-invalid-escape", _K3B + '<|open|>call tool="search"<|sep|><|open|>json type="object"<|sep|>'
+      '{"regex": "^\\d+"}<|close|>json<|sep|><|close|>call<|sep|>' + _K3E, None, ("search", {"regex": "^\\d+"})),
+    C("unicode", _K3B + _k3("get_weather", ("city", "string", "Zürich ☃ 東京 🌧")) + _K3E, None, UNI),
+    C("escaped-attr", _K3B + '<|open|>call tool="write_file"<|sep|><|open|>argument key="content" type="string"<|sep|>'
+      'say "hi" & <b><|close|>argument<|sep|><|close|>call<|sep|>' + _K3E, None, ("write_file", {"content": 'say "hi" & <b>'})),
+    C("call-after-text", "Let me look.\n" + _K3B + _K3_OSLO + _K3E, "Let me look.", OSLO),
+    C("text-after-call", _K3B + _K3_OSLO + _K3E + "\nDone.", "Done.", OSLO),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("no-tool-name", _K3B + '<|open|>call index="1"<|sep|><|close|>call<|sep|>' + _K3E,
+      _K3B + '<|open|>call index="1"<|sep|><|close|>call<|sep|>' + _K3E),
+    C("bad-json-block", _K3B + '<|open|>call tool="f"<|sep|><|open|>json<|sep|>[1, 2]<|close|>json<|sep|><|close|>call<|sep|>'
+      + _K3E, _K3B + '<|open|>call tool="f"<|sep|><|open|>json<|sep|>[1, 2]<|close|>json<|sep|><|close|>call<|sep|>' + _K3E),
+    C("truncated", "Hi " + _K3B + _K3_OSLO, "Hi " + _K3B + _K3_OSLO),
+]
+
 TABLE: dict[str, list[Case]] = {
     "hermes": HERMES,
     "qwen3_coder_xml": QWEN3_CODER_XML,
@@ -285,4 +321,5 @@ TABLE: dict[str, list[Case]] = {
     "longcat": LONGCAT,
     "deepseek": DEEPSEEK,
     "pythonic": PYTHONIC,
+    "kimi_k3": KIMI_K3,
 }

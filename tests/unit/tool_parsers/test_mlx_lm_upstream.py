@@ -109,7 +109,7 @@ def test_pythonic_cuts_a_value_holding_close_brackets_when_text_follows() -> Non
     [("json_tools", "hermes"), ("qwen3_coder", "qwen3_coder_xml"), ("glm47", "glm"),
      ("function_gemma", "gemma"), ("gemma4", "gemma"), ("minimax_m2", "minimax"),
      ("kimi_k2", "kimi_k2"), ("longcat", "longcat"), ("mistral", "mistral"),
-     ("pythonic", "pythonic")],
+     ("pythonic", "pythonic"), ("kimi_k3", "kimi_k3")],
 )
 def test_start_markers_agree_with_mlx_lm(module: str, dialect: str) -> None:
     """mlx-lm's tokenizer wrapper detects a call by ``tool_call_start``; ours must agree."""

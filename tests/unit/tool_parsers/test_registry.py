@@ -87,6 +87,8 @@ HERMES_TEMPLATE = '{%- if tools %}<tool_call>\n{"name": <function-name>, "argume
         ("<|start_header_id|>system tools: [func_name1(params_name1=params_value1, params_name2=...), "
          "func_name2(params)]", None, "pythonic"),
         (None, {"<|tool_call_start|>", "<|tool_call_end|>"}, "pythonic"),
+        ("{%- if tools %}<|open|>tools<|sep|><|open|>call tool=\"{{ name }}\"", None, "kimi_k3"),
+        (None, {"<|open|>", "<|sep|>", "<|close|>"}, "kimi_k3"),
         ("{{ messages }} no tool support at all", {"<tool_call>"}, None),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", {"<tool_call>", "</tool_call>"}, None),
         ("tools are listed below, with custom markers", {"[TOOL_CALLS]"}, "mistral"),
@@ -199,6 +201,7 @@ def _long_call(dialect: str, size: int) -> str:
         "kimi_k2": f"<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|>",
         "longcat": f'<longcat_tool_call>{{"name": "write_file", "arguments": {args}}}</longcat_tool_call>',
         "pythonic": f"<|tool_call_start|>[write_file(path='p', content={code!r})]<|tool_call_end|>",
+        "kimi_k3": f'<|open|>tools<|sep|><|open|>call tool="write_file"<|sep|><|open|>argument key="content" type="string"<|sep|>{code}<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
         "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     }[dialect]
 
