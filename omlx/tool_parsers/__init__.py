@@ -65,6 +65,7 @@ _MODULES = {
     "deepseek": "omlx.tool_parsers.deepseek",
     "pythonic": "omlx.tool_parsers.pythonic",
     "kimi_k3": "omlx.tool_parsers.kimi_k3",
+    "minicpm5": "omlx.tool_parsers.minicpm5",
 }
 
 # Dialects that need an optional package; not a dependency of omlx.

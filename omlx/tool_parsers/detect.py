@@ -27,6 +27,7 @@ _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("deepseek", (_DEEPSEEK,)),
     ("qwen3_coder_xml", ("<tool_call>", "<function=")),
     ("mistral", ("[TOOL_CALLS]",)),
+    ("minicpm5", ("<function name=", "<param name=")),
     ("harmony", ("<|channel|>", "<|call|>")),
     ("pythonic", ("<|tool_call_start|>",)),  # LFM2
     ("pythonic", ("[func_name1(",)),  # the Llama 3.2 / Llama 4 pythonic templates' instruction

@@ -309,6 +309,35 @@ KIMI_K3 = [
     C("truncated", "Hi " + _K3B + _K3_OSLO, "Hi " + _K3B + _K3_OSLO),
 ]
 
+
+def _cpm(name: str, **params: str) -> str:
+    body = "".join(f'<param name="{k}">{v}</param>' for k, v in params.items())
+    return f'<function name="{name}">{body}</function>'
+
+
+MINICPM5 = [
+    C("single", _cpm("get_weather", city="Oslo", days="3"), None, OSLO),
+    C("parallel", _cpm("get_weather", city="Oslo", days="3") + "\n" + _cpm("get_weather", city="Lyon"), None, OSLO, LYON),
+    C("zero-args", '<function name="list_files"></function>', None, NOARGS),
+    C("typed", _cpm("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1, "z": null}'), None, CONF),
+    C("cdata", _cpm("write_file", path="a.c", content="<![CDATA[if (a < b && c) {\n  </param> x;\n}\n]]>"), None,
+      ("write_file", {"path": "a.c", "content": "if (a < b && c) {\n  </param> x;\n}\n"})),
+    C("close-tag-in-bare-value", _cpm("write_file", path="a", content="x </param> y"), None,
+      ("write_file", {"path": "a", "content": "x </param> y"})),
+    C("spaced-and-newlines", '<function name="get_weather">\n<param name="city"> Oslo </param>\n<param name="days">3</param>\n'
+      "</function>", None, OSLO),
+    C("unicode", _cpm("get_weather", city="Zürich ☃ 東京 🌧"), None, UNI),
+    C("uncoercible", _cpm("get_weather", city="Oslo", days="a few"), None, ("get_weather", {"city": "Oslo", "days": "a few"})),
+    C("call-after-text", "Let me check.\n" + _cpm("get_weather", city="Lyon"), "Let me check.", LYON),
+    C("text-after-call", _cpm("get_weather", city="Lyon") + "\nDone.", "Done.", LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("tag-in-prose", 'Write <function name="x"> tags.', 'Write <function name="x"> tags.'),
+    C("truncated", _cpm("get_weather", city="Lyon")[:-11], _cpm("get_weather", city="Lyon")[:-11]),
+    C("malformed", '<function name="get_weather"><param name="city">Lyon</function>',
+      '<function name="get_weather"><param name="city">Lyon</function>'),
+]
+
 TABLE: dict[str, list[Case]] = {
     "hermes": HERMES,
     "qwen3_coder_xml": QWEN3_CODER_XML,
@@ -322,4 +351,5 @@ TABLE: dict[str, list[Case]] = {
     "deepseek": DEEPSEEK,
     "pythonic": PYTHONIC,
     "kimi_k3": KIMI_K3,
+    "minicpm5": MINICPM5,
 }

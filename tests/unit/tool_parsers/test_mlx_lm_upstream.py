@@ -104,12 +104,21 @@ def test_pythonic_cuts_a_value_holding_close_brackets_when_text_follows() -> Non
     assert ours.tool_calls[0].arguments == '{"content": "f(a[1])] ok"}' and ours.content == "see [1]"
 
 
+def test_minicpm5_half_parses_a_truncated_call_and_cuts_cdata() -> None:
+    """-> omlx/tool_parsers/minicpm5.py"""
+    got = upstream("minicpm5", '<function name="get_weather"><param name="city">Lyon</param>')
+    assert got == {"name": "get_weather", "arguments": {"city": "Lyon"}}  # no </function>: still a call
+    got = upstream("minicpm5", '<function name="w"><param name="c"><![CDATA[a </param> b]]></param></function>')
+    assert got["arguments"]["c"] != "a </param> b"
+
+
 @pytest.mark.parametrize(
     ("module", "dialect"),
     [("json_tools", "hermes"), ("qwen3_coder", "qwen3_coder_xml"), ("glm47", "glm"),
      ("function_gemma", "gemma"), ("gemma4", "gemma"), ("minimax_m2", "minimax"),
      ("kimi_k2", "kimi_k2"), ("longcat", "longcat"), ("mistral", "mistral"),
-     ("pythonic", "pythonic"), ("kimi_k3", "kimi_k3")],
+     ("pythonic", "pythonic"), ("kimi_k3", "kimi_k3"),
+     ("minicpm5", "minicpm5")],
 )
 def test_start_markers_agree_with_mlx_lm(module: str, dialect: str) -> None:
     """mlx-lm's tokenizer wrapper detects a call by ``tool_call_start``; ours must agree."""

@@ -89,6 +89,7 @@ HERMES_TEMPLATE = '{%- if tools %}<tool_call>\n{"name": <function-name>, "argume
         (None, {"<|tool_call_start|>", "<|tool_call_end|>"}, "pythonic"),
         ("{%- if tools %}<|open|>tools<|sep|><|open|>call tool=\"{{ name }}\"", None, "kimi_k3"),
         (None, {"<|open|>", "<|sep|>", "<|close|>"}, "kimi_k3"),
+        ("{%- if tools %}<function name=\"fn\"><param name=\"p\">value</param></function> CDATA", None, "minicpm5"),
         ("{{ messages }} no tool support at all", {"<tool_call>"}, None),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", {"<tool_call>", "</tool_call>"}, None),
         ("tools are listed below, with custom markers", {"[TOOL_CALLS]"}, "mistral"),
@@ -202,6 +203,7 @@ def _long_call(dialect: str, size: int) -> str:
         "longcat": f'<longcat_tool_call>{{"name": "write_file", "arguments": {args}}}</longcat_tool_call>',
         "pythonic": f"<|tool_call_start|>[write_file(path='p', content={code!r})]<|tool_call_end|>",
         "kimi_k3": f'<|open|>tools<|sep|><|open|>call tool="write_file"<|sep|><|open|>argument key="content" type="string"<|sep|>{code}<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+        "minicpm5": f'<function name="write_file"><param name="content"><![CDATA[{code}]]></param></function>',
         "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     }[dialect]
 
