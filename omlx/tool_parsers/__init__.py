@@ -66,6 +66,7 @@ _MODULES = {
     "pythonic": "omlx.tool_parsers.pythonic",
     "kimi_k3": "omlx.tool_parsers.kimi_k3",
     "minicpm5": "omlx.tool_parsers.minicpm5",
+    "muse_spark": "omlx.tool_parsers.muse_spark",
 }
 
 # Dialects that need an optional package; not a dependency of omlx.

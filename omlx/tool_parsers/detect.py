@@ -17,6 +17,7 @@ _DEEPSEEK = "<｜tool▁calls▁begin｜>"
 # (dialect, markers that must all be in the template), first match wins.
 _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("minimax", ("<minimax:tool_call>",)),
+    ("muse_spark", ("<atem:function_calls>",)),
     ("gemma", ("<|tool_call>", "<tool_call|>")),
     ("gemma", ("<start_function_call>",)),
     ("longcat", ("<longcat_tool_call>",)),
@@ -39,6 +40,7 @@ _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 # (dialect, tokens that must all be in the vocabulary), used when the template decides nothing.
 _VOCAB_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("minimax", ("<minimax:tool_call>",)),
+    ("muse_spark", ("<atem:function_calls>",)),
     ("gemma", ("<|tool_call>", "<tool_call|>")),
     ("gemma", ("<start_function_call>",)),
     ("longcat", ("<longcat_tool_call>",)),

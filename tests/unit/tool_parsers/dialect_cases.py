@@ -338,6 +338,39 @@ MINICPM5 = [
       '<function name="get_weather"><param name="city">Lyon</function>'),
 ]
 
+_AB, _AE = "<atem:function_calls>\n", "</atem:function_calls>"
+
+
+def _atem(fn: str, **params: str) -> str:
+    body = "".join(f'<atem:parameter name="{k}">{v}</atem:parameter>\n' for k, v in params.items())
+    return f'<atem:invoke name="{fn}">\n{body}</atem:invoke>\n'
+
+
+MUSE_SPARK = [
+    C("single", _AB + _atem("get_weather", city="Oslo", days="3") + _AE, None, OSLO),
+    C("parallel", _AB + _atem("get_weather", city="Oslo", days="3") + _atem("get_weather", city="Lyon") + _AE, None,
+      OSLO, LYON),
+    C("zero-args", _AB + '<atem:invoke name="list_files"></atem:invoke>' + _AE, None, NOARGS),
+    C("typed", _AB + _atem("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1, "z": null}') + _AE,
+      None, CONF),
+    C("undeclared-values-read-as-json", _AB + _atem("launch", n="3", flag="false", who="Ada") + _AE, None,
+      ("launch", {"n": 3, "flag": False, "who": "Ada"})),
+    C("string-param-keeps-digits", _AB + _atem("write_file", path="42", content=" x ") + _AE, None,
+      ("write_file", {"path": "42", "content": "x"})),
+    C("extra-attributes", _AB + '<atem:invoke id="1" name="get_weather"><atem:parameter name="city" type="string">Lyon'
+      "</atem:parameter></atem:invoke>" + _AE, None, LYON),
+    C("close-tag-in-value", _AB + _atem("write_file", path="a", content="x </atem:parameter> y") + _AE, None,
+      ("write_file", {"path": "a", "content": "x </atem:parameter> y"})),
+    C("unicode", _AB + _atem("get_weather", city="Zürich ☃ 東京 🌧") + _AE, None, UNI),
+    C("call-after-text", "Checking.\n" + _AB + _atem("get_weather", city="Lyon") + _AE, "Checking.", LYON),
+    C("text-after-call", _AB + _atem("get_weather", city="Lyon") + _AE + "\nDone.", "Done.", LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("unclosed-invoke", _AB + '<atem:invoke name="get_weather"><atem:parameter name="city">Lyon</atem:parameter>' + _AE,
+      _AB.strip() + '\n<atem:invoke name="get_weather"><atem:parameter name="city">Lyon</atem:parameter>' + _AE),
+    C("truncated", _AB + _atem("get_weather", city="Lyon"), _AB + _atem("get_weather", city="Lyon")),
+]
+
 TABLE: dict[str, list[Case]] = {
     "hermes": HERMES,
     "qwen3_coder_xml": QWEN3_CODER_XML,
@@ -352,4 +385,5 @@ TABLE: dict[str, list[Case]] = {
     "pythonic": PYTHONIC,
     "kimi_k3": KIMI_K3,
     "minicpm5": MINICPM5,
+    "muse_spark": MUSE_SPARK,
 }

@@ -112,13 +112,22 @@ def test_minicpm5_half_parses_a_truncated_call_and_cuts_cdata() -> None:
     assert got["arguments"]["c"] != "a </param> b"
 
 
+def test_muse_spark_half_parses_unclosed_invoke_and_cuts_at_close_tag() -> None:
+    """-> omlx/tool_parsers/muse_spark.py"""
+    got = upstream("muse_spark", '<atem:invoke name="g"><atem:parameter name="c">Lyon</atem:parameter>')
+    assert got == {"name": "g", "arguments": {"c": "Lyon"}}
+    got = upstream("muse_spark", '<atem:invoke name="w"><atem:parameter name="c">a </atem:parameter> b'
+                   "</atem:parameter></atem:invoke>")
+    assert got["arguments"]["c"] != "a </atem:parameter> b"
+
+
 @pytest.mark.parametrize(
     ("module", "dialect"),
     [("json_tools", "hermes"), ("qwen3_coder", "qwen3_coder_xml"), ("glm47", "glm"),
      ("function_gemma", "gemma"), ("gemma4", "gemma"), ("minimax_m2", "minimax"),
      ("kimi_k2", "kimi_k2"), ("longcat", "longcat"), ("mistral", "mistral"),
      ("pythonic", "pythonic"), ("kimi_k3", "kimi_k3"),
-     ("minicpm5", "minicpm5")],
+     ("minicpm5", "minicpm5"), ("muse_spark", "muse_spark")],
 )
 def test_start_markers_agree_with_mlx_lm(module: str, dialect: str) -> None:
     """mlx-lm's tokenizer wrapper detects a call by ``tool_call_start``; ours must agree."""

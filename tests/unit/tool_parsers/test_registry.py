@@ -90,6 +90,8 @@ HERMES_TEMPLATE = '{%- if tools %}<tool_call>\n{"name": <function-name>, "argume
         ("{%- if tools %}<|open|>tools<|sep|><|open|>call tool=\"{{ name }}\"", None, "kimi_k3"),
         (None, {"<|open|>", "<|sep|>", "<|close|>"}, "kimi_k3"),
         ("{%- if tools %}<function name=\"fn\"><param name=\"p\">value</param></function> CDATA", None, "minicpm5"),
+        ("{%- if tools %}<atem:function_calls>\n<atem:invoke name=", None, "muse_spark"),
+        (None, {"<atem:function_calls>": 5}, "muse_spark"),
         ("{{ messages }} no tool support at all", {"<tool_call>"}, None),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", {"<tool_call>", "</tool_call>"}, None),
         ("tools are listed below, with custom markers", {"[TOOL_CALLS]"}, "mistral"),
@@ -204,6 +206,7 @@ def _long_call(dialect: str, size: int) -> str:
         "pythonic": f"<|tool_call_start|>[write_file(path='p', content={code!r})]<|tool_call_end|>",
         "kimi_k3": f'<|open|>tools<|sep|><|open|>call tool="write_file"<|sep|><|open|>argument key="content" type="string"<|sep|>{code}<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
         "minicpm5": f'<function name="write_file"><param name="content"><![CDATA[{code}]]></param></function>',
+        "muse_spark": f'<atem:function_calls><atem:invoke name="write_file"><atem:parameter name="content">{code}</atem:parameter></atem:invoke></atem:function_calls>',
         "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     }[dialect]
 
