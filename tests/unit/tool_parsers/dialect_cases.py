@@ -371,6 +371,39 @@ MUSE_SPARK = [
     C("truncated", _AB + _atem("get_weather", city="Lyon"), _AB + _atem("get_weather", city="Lyon")),
 ]
 
+def _glm(name: str, **params: str) -> str:
+    return "<tool_call>" + name + "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in params.items()) \
+        + "</tool_call>"
+
+
+# Laguna (Poolside) emits the GLM-4.7 format: mlx-lm's laguna parser is its glm47 one.
+GLM += [
+    C("laguna-zero-args-compact", "Listing.<tool_call>list_files</tool_call>", "Listing.", NOARGS),
+    C("laguna-typed", _glm("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1, "z": null}'), None,
+      CONF),
+    C("laguna-unicode", _glm("get_weather", city="Zürich ☃ 東京 🌧"), None, UNI),
+    C("laguna-text-after", _glm("get_weather", city="Lyon") + "\nDone.", "Done.", LYON),
+    C("laguna-parallel-no-space", _glm("get_weather", city="Oslo", days="3") + _glm("get_weather", city="Lyon"), None,
+      OSLO, LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+]
+
+_G4 = '<|tool_call>call:{}{{{}}}<tool_call|>'
+GEMMA += [
+    C("gemma4-zero-args", _G4.format("list_files", ""), None, NOARGS),
+    C("gemma4-typed", _G4.format("configure", 'enabled:true,ratio:0.5,tags:[<|"|>a<|"|>,<|"|>b<|"|>],opts:{k:1,z:null}'),
+      None, CONF),
+    C("gemma4-unicode", _G4.format("get_weather", 'city:<|"|>Zürich ☃ 東京 🌧<|"|>'), None, UNI),
+    C("gemma4-two-calls-one-block", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:3}call:list_files{}<tool_call|>',
+      None, OSLO, NOARGS),
+    C("gemma4-call-after-text", "Let me check.\n" + _G4.format("get_weather", 'city:<|"|>Lyon<|"|>'), "Let me check.", LYON),
+    C("gemma4-text-after-call", _G4.format("get_weather", 'city:<|"|>Lyon<|"|>') + "\nDone.", "Done.", LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("gemma4-truncated", '<|tool_call>call:get_weather{city:<|"|>Ly', '<|tool_call>call:get_weather{city:<|"|>Ly'),
+]
+
 TABLE: dict[str, list[Case]] = {
     "hermes": HERMES,
     "qwen3_coder_xml": QWEN3_CODER_XML,

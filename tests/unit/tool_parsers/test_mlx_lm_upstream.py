@@ -127,7 +127,8 @@ def test_muse_spark_half_parses_unclosed_invoke_and_cuts_at_close_tag() -> None:
      ("function_gemma", "gemma"), ("gemma4", "gemma"), ("minimax_m2", "minimax"),
      ("kimi_k2", "kimi_k2"), ("longcat", "longcat"), ("mistral", "mistral"),
      ("pythonic", "pythonic"), ("kimi_k3", "kimi_k3"),
-     ("minicpm5", "minicpm5"), ("muse_spark", "muse_spark")],
+     ("minicpm5", "minicpm5"), ("muse_spark", "muse_spark"),
+     ("laguna", "glm")],
 )
 def test_start_markers_agree_with_mlx_lm(module: str, dialect: str) -> None:
     """mlx-lm's tokenizer wrapper detects a call by ``tool_call_start``; ours must agree."""
