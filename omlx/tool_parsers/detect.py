@@ -6,11 +6,7 @@ It must not import any dialect module, so detection stays cheap.
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 from collections.abc import Collection, Mapping
-
-logger = logging.getLogger(__name__)
 
 _DEEPSEEK = "<｜tool▁calls▁begin｜>"
 
@@ -50,22 +46,10 @@ _VOCAB_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("deepseek", (_DEEPSEEK,)),
     ("mistral", ("[TOOL_CALLS]",)),
     ("pythonic", ("<|tool_call_start|>", "<|tool_call_end|>")),
+    ("harmony", ("<|channel|>", "<|constrain|>", "<|call|>")),
     ("llama3_json", ("<|python_tag|>",)),
     ("hermes", ("<tool_call>", "</tool_call>")),
 )
-
-
-def _usable(dialect: str) -> str | None:
-    if dialect == "harmony" and importlib.util.find_spec("openai_harmony") is None:
-        logger.warning(
-            "chat template is gpt-oss (harmony) but openai-harmony is not installed: "
-            "tool calls from this model will not be parsed"
-        )
-        return None
-    if dialect == "harmony":
-        logger.warning("harmony tool calls are not implemented in omlx yet")
-        return None
-    return dialect
 
 
 def detect_dialect(
@@ -87,7 +71,7 @@ def detect_dialect(
             return None
         for dialect, markers in _TEMPLATE_RULES:
             if all(m in chat_template for m in markers):
-                return _usable(dialect)
+                return dialect
     if vocab:
         for dialect, tokens in _VOCAB_RULES:
             if all(t in vocab for t in tokens):

@@ -139,7 +139,10 @@ class StreamingToolParser:
                     self._fail(events)
                     continue
                 assert isinstance(result, Match)
-                self._emit_calls(encoded, events)
+                if encoded:
+                    self._emit_calls(encoded, events)
+                else:  # markup only (drops_markup): removed, whitespace before it kept
+                    self._held_ws, self._ws_before_call = self._ws_before_call, ""
                 self._buf = self._buf[result.end :]
                 self._marker_len = 0
                 continue
@@ -177,7 +180,10 @@ class StreamingToolParser:
         self._emit_text(text, events)
 
     def _encode(self, match: Match) -> list[tuple[RawCall, str]] | None:
-        """Coerces and JSON-encodes every call of a match; None if any cannot be."""
+        """Coerces and JSON-encodes every call of a match; None if any cannot be.
+        A match without calls (markup to drop) is allowed only for ``drops_markup`` dialects."""
+        if not match.calls:
+            return [] if self._dialect.drops_markup else None
         out = []
         for call in match.calls:
             if not is_name(call.name) or not isinstance(call.arguments, dict):
@@ -187,7 +193,7 @@ class StreamingToolParser:
                 out.append((call, json.dumps(args, ensure_ascii=False, allow_nan=False)))
             except (TypeError, ValueError, RecursionError):
                 return None
-        return out or None
+        return out
 
     def _emit_calls(self, encoded: list[tuple[RawCall, str]], events: list[Event]) -> None:
         if not self._after_call:

@@ -404,6 +404,43 @@ GEMMA += [
     C("gemma4-truncated", '<|tool_call>call:get_weather{city:<|"|>Ly', '<|tool_call>call:get_weather{city:<|"|>Ly'),
 ]
 
+
+def _hcall(name: str, args: str, end: str = "<|call|>", constrain: str = " <|constrain|>json") -> str:
+    return f"<|start|>assistant<|channel|>commentary to=functions.{name}{constrain}<|message|>{args}{end}"
+
+
+_HA = "<|channel|>analysis<|message|>The user wants weather. {\"city\": 1} maybe.<|end|>"
+_HF = "<|start|>assistant<|channel|>final<|message|>"
+HARMONY = [
+    C("single", _hcall("get_weather", '{"city": "Oslo", "days": 3}'), None, OSLO),
+    C("channel-first-no-start", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+      '{"city":"Oslo","days":3}<|call|>', None, OSLO),
+    C("call-token-not-fed", _hcall("get_weather", '{"city": "Lyon"}', end=""), None, LYON),
+    C("recipient-before-channel", '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+      '{"city": "Lyon"}<|call|>', None, LYON),
+    C("no-constrain", _hcall("get_weather", '{"city": "Lyon"}', constrain=""), None, LYON),
+    C("parallel", _hcall("get_weather", '{"city": "Oslo", "days": 3}') + _hcall("get_weather", '{"city": "Lyon"}'), None,
+      OSLO, LYON),
+    C("zero-args", _hcall("list_files", "{}"), None, NOARGS),
+    C("typed", _hcall("configure", '{"enabled": true, "ratio": 0.5, "tags": ["a", "b"], "opts": {"k": 1, "z": null}}'),
+      None, CONF),
+    C("unicode", _hcall("get_weather", '{"city": "Zürich ☃ 東京 🌧"}'), None, UNI),
+    C("invalid-escape", _hcall("search", '{"regex": "^v\\d+"}'), None, ("search", {"regex": "^v\\d+"})),
+    C("analysis-then-call", _HA + _hcall("get_weather", '{"city": "Lyon"}'), None, LYON),
+    C("preamble-then-call", "<|channel|>commentary<|message|>Checking the weather.<|end|>"
+      + _hcall("get_weather", '{"city": "Lyon"}'), "Checking the weather.", LYON),
+    C("final-answer", _HA + _HF + "It is 3 °C in Oslo.<|return|>", "It is 3 °C in Oslo."),
+    C("final-answer-return-not-fed", _HF + "Done.", "Done."),
+    C("json-answer-not-a-call", _HF + '{"city": "Oslo", "temp": 3}<|return|>', '{"city": "Oslo", "temp": 3}'),
+    C("body-not-json", _hcall("get_weather", "city=Oslo"), "<|start|>assistant<|channel|>commentary to=functions."
+      "get_weather <|constrain|>json<|message|>city=Oslo"),
+    C("text-after-json", _hcall("get_weather", '{"city": "Lyon"} then', end=""), "<|start|>assistant<|channel|>commentary "
+      'to=functions.get_weather <|constrain|>json<|message|>{"city": "Lyon"} then'),
+    C("truncated", _hcall("get_weather", '{"city": "Ly', end=""),
+      '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Ly'),
+    C("marker-words-in-prose", "Use <|channel|> tokens, like <|start|> here", "Use <|channel|> tokens, like <|start|> here"),
+]
+
 TABLE: dict[str, list[Case]] = {
     "hermes": HERMES,
     "qwen3_coder_xml": QWEN3_CODER_XML,
@@ -419,4 +456,5 @@ TABLE: dict[str, list[Case]] = {
     "kimi_k3": KIMI_K3,
     "minicpm5": MINICPM5,
     "muse_spark": MUSE_SPARK,
+    "harmony": HARMONY,
 }

@@ -43,12 +43,10 @@ def test_unknown_dialect_is_a_value_error_naming_the_choices() -> None:
         StreamingToolParser("nope")
 
 
-def test_harmony_is_skipped_with_a_reason_without_openai_harmony() -> None:
-    if tp._optional_available("harmony"):
-        pytest.skip("openai-harmony is installed here")
-    with pytest.raises(ValueError, match="openai-harmony"):
-        get_dialect("harmony")
-    assert "harmony" not in tp.available_dialects()
+def test_harmony_needs_no_optional_package() -> None:
+    """omlx's own Harmony parser: no openai-harmony import, available everywhere."""
+    assert get_dialect("gpt_oss").name == "harmony" and "harmony" in tp.available_dialects()
+    assert get_dialect("harmony").think_markers == ("<|channel|>analysis<|message|>", "<|end|>")
 
 
 def test_importing_the_package_loads_no_dialect_and_no_mlx() -> None:
@@ -104,12 +102,9 @@ def test_detect_dialect(template, vocab, expected) -> None:
     assert detect_dialect(template, vocab) == expected
 
 
-def test_detect_gpt_oss_without_harmony_is_none_with_a_warning(caplog) -> None:
-    if tp._optional_available("harmony"):
-        pytest.skip("openai-harmony is installed here")
-    with caplog.at_level("WARNING"):
-        assert detect_dialect("tools <|start|>assistant<|channel|>commentary to=functions.f<|call|>", None) is None
-    assert "openai-harmony" in caplog.text
+def test_detect_gpt_oss() -> None:
+    assert detect_dialect("tools <|start|>assistant<|channel|>commentary to=functions.f<|call|>", None) == "harmony"
+    assert detect_dialect(None, {"<|channel|>", "<|constrain|>", "<|call|>", "<|message|>"}) == "harmony"
 
 
 # ----------------------------------------------------------------------------- ids
@@ -207,6 +202,7 @@ def _long_call(dialect: str, size: int) -> str:
         "kimi_k3": f'<|open|>tools<|sep|><|open|>call tool="write_file"<|sep|><|open|>argument key="content" type="string"<|sep|>{code}<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
         "minicpm5": f'<function name="write_file"><param name="content"><![CDATA[{code}]]></param></function>',
         "muse_spark": f'<atem:function_calls><atem:invoke name="write_file"><atem:parameter name="content">{code}</atem:parameter></atem:invoke></atem:function_calls>',
+        "harmony": f"<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>{args}<|call|>",
         "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     }[dialect]
 
