@@ -134,8 +134,7 @@ class StreamingToolParser:
                 valid = isinstance(result, Match) and result.end >= self._marker_len
                 encoded = self._encode(result) if valid else None
                 if encoded is None:
-                    if result is not NEED_MORE:
-                        logger.debug("%s: malformed tool call kept as text", self.dialect)
+                    self._log_rejected(result)
                     self._fail(events)
                     continue
                 assert isinstance(result, Match)
@@ -170,6 +169,18 @@ class StreamingToolParser:
         except Exception:  # noqa: BLE001 - a parser bug must not break the response
             logger.exception("%s tool parser failed; the call is kept as text", self.dialect)
             return FAIL
+
+    def _log_rejected(self, result: ScanResult) -> None:
+        """A warning for a call region that opened with a real marker (a bare ``{`` or ``[``
+        that is no call is just an answer: debug only)."""
+        marked = any(self._buf.startswith(m) for m in self._dialect.start_markers)
+        logger.log(
+            logging.WARNING if marked else logging.DEBUG,
+            "%s: %s tool call kept as text: %r",
+            self.dialect,
+            "unfinished" if result is NEED_MORE else "malformed",
+            self._buf[:120],
+        )
 
     def _fail(self, events: list[Event]) -> None:
         """The call at the buffer start is not one: its marker becomes text."""

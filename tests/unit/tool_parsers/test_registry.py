@@ -178,6 +178,29 @@ def test_content_none_and_empty_input() -> None:
     assert parse_tool_calls("", "hermes").tool_calls == []
 
 
+@pytest.mark.parametrize(
+    ("dialect", "text", "kind"),
+    [("hermes", '<tool_call>{"name": get_weather}</tool_call>', "malformed"),
+     ("hermes", '<tool_call>{"name": "f", "arguments": {"a": ', "unfinished"),
+     ("minicpm5", '<function name="f"><param name="a">1</function>', "unfinished"),
+     ("kimi_k3", '<|open|>tools<|sep|><|open|>call index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>', "malformed"),
+     ("harmony", "<|channel|>commentary to=functions.f<|message|>{oops}", "malformed")],
+)
+def test_a_malformed_call_is_text_with_a_warning(dialect: str, text: str, kind: str, caplog) -> None:
+    with caplog.at_level("WARNING", logger="omlx.tool_parsers"):
+        r = parse_tool_calls(text, dialect)
+    assert r.tool_calls == [] and r.content == text
+    assert [rec.levelname for rec in caplog.records] == ["WARNING"]
+    assert f"{dialect}: {kind} tool call kept as text" in caplog.text
+
+
+def test_a_json_answer_is_not_warned_about(caplog) -> None:
+    with caplog.at_level("WARNING", logger="omlx.tool_parsers"):
+        assert parse_tool_calls('{"city": "Oslo"}', "hermes", TABLE["hermes"][0].tools).tool_calls == []
+        assert parse_tool_calls("[1, 2]", "pythonic", TABLE["pythonic"][0].tools).tool_calls == []
+    assert caplog.records == []
+
+
 def test_arguments_are_never_invalid_json() -> None:
     """Values JSON cannot carry (NaN) make the call text, not broken arguments."""
     text = '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>'
