@@ -20,6 +20,7 @@ is text here); positional arguments make the call text, as in mlx-lm.
 from __future__ import annotations
 
 import ast
+import warnings
 from typing import Any
 
 from omlx.tool_parsers.base import (
@@ -113,7 +114,9 @@ def _literal(node: ast.expr) -> Any:
 def parse_call_list(text: str) -> list[RawCall] | None:
     """Reads ``[f(a=1), g()]``; None if it is not a non-empty list of keyword-only calls."""
     try:
-        tree = ast.parse(text, mode="eval").body
+        with warnings.catch_warnings():  # "\d" in a string warns (invalid escape); it means \d
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     if not isinstance(tree, ast.List) or not tree.elts:

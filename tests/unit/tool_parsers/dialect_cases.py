@@ -258,6 +258,8 @@ PYTHONIC = [
     C("brackets-in-string", '[write_file(path="a.py", content="x = f(a[1])]) # \\"q\\"")]', None,
       ("write_file", {"path": "a.py", "content": 'x = f(a[1])]) # "q"'})),
     C("coerce-string-int", '[get_weather(city="Oslo", days="3")]', None, OSLO),
+    C("invalid-escape", '[search(regex="^v\\d+\\.\\d+$")]', None, ("search", {"regex": "^v\\d+\\.\\d+$"})),
+    C("escaped-quote-and-raw-string", "[search(regex=r'a\\'b')]", None, ("search", {"regex": "a\\'b"})),
     C("lfm2-wrapped", _TS + '[get_weather(city="Oslo", days=3)]' + _TE, None, OSLO),
     C("lfm2-call-after-text", "Let me check.\n" + _TS + '[get_weather(city="Lyon")]' + _TE, "Let me check.", LYON),
     C("lfm2-text-after-call", _TS + '[get_weather(city="Lyon")]' + _TE + "\nChecking now.", "Checking now.", LYON),

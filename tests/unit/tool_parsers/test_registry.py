@@ -244,3 +244,14 @@ def test_a_long_call_streams_in_linear_time(dialect: str) -> None:
     events += p.finish()
     assert time.perf_counter() - start < 5.0
     assert p.num_tool_calls == 1
+
+
+def test_pythonic_invalid_escape_is_read_even_when_warnings_are_errors() -> None:
+    """Python warns on "\\d" in a string literal; under -W error that became a SyntaxError and
+    the call was lost. The parser silences it: the value is the backslash and the d."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = parse_tool_calls('[search(regex="^v\\d+")]', "pythonic", TABLE["pythonic"][0].tools)
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("search", '{"regex": "^v\\\\d+"}')]
