@@ -329,6 +329,8 @@ MINICPM5 = [
     C("spaced-and-newlines", '<function name="get_weather">\n<param name="city"> Oslo </param>\n<param name="days">3</param>\n'
       "</function>", None, OSLO),
     C("unicode", _cpm("get_weather", city="Zürich ☃ 東京 🌧"), None, UNI),
+    C("unquoted-and-single-quoted-names", "<function name=get_weather><param name='city'>Oslo</param>"
+      "<param name=days>3</param></function>", None, OSLO),
     C("uncoercible", _cpm("get_weather", city="Oslo", days="a few"), None, ("get_weather", {"city": "Oslo", "days": "a few"})),
     C("call-after-text", "Let me check.\n" + _cpm("get_weather", city="Lyon"), "Let me check.", LYON),
     C("text-after-call", _cpm("get_weather", city="Lyon") + "\nDone.", "Done.", LYON),
@@ -421,6 +423,9 @@ HARMONY = [
     C("recipient-before-channel", '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
       '{"city": "Lyon"}<|call|>', None, LYON),
     C("no-constrain", _hcall("get_weather", '{"city": "Lyon"}', constrain=""), None, LYON),
+    C("constrain-no-space", _hcall("get_weather", '{"city": "Lyon"}', constrain="<|constrain|>json"), None, LYON),
+    C("other-recipient", '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "x"}<|call|>',
+      None, ("browser.search", {"query": "x"})),
     C("parallel", _hcall("get_weather", '{"city": "Oslo", "days": 3}') + _hcall("get_weather", '{"city": "Lyon"}'), None,
       OSLO, LYON),
     C("zero-args", _hcall("list_files", "{}"), None, NOARGS),
