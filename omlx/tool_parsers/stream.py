@@ -7,7 +7,9 @@ parse is one ``feed`` plus ``finish``, so the two cannot disagree.
 Rules (the same whatever the chunking):
   * Text that could be the start of a marker is held back until it is decided.
   * A call is emitted (start, arguments, end) once it is complete and valid; a malformed or
-    truncated call becomes plain text, from its marker on. Nothing here raises on model text.
+    truncated call becomes plain text, from its marker on, with a warning in the log when it
+    opened with a real marker. Nothing here raises on model text.
+  * A ``drops_markup`` dialect (Harmony) may match markup without calls: it is removed.
   * Whitespace that only separates text from a call is dropped; between two pieces of text,
     the whitespace that preceded the (first) call is kept.
 """
