@@ -209,4 +209,17 @@ def model_formats(loaded: LoadedModel, config: ServerConfig) -> tuple[str | None
             vocab = None
         dialect = detect_dialect(template if isinstance(template, str) else None, vocab)
     think = (tok.think_start, tok.think_end) if getattr(tok, "has_thinking", False) else None
+    if think is None and dialect:
+        think = dialect_think_markers(dialect)
     return dialect, think
+
+
+def dialect_think_markers(dialect: str) -> tuple[str, str] | None:
+    """The reasoning markers a tool dialect's format defines (gpt-oss Harmony's analysis
+    channel), for models whose tokenizer names none; None for an unknown dialect."""
+    from omlx.tool_parsers import get_dialect
+
+    try:
+        return get_dialect(dialect).think_markers
+    except ValueError:
+        return None

@@ -14,7 +14,6 @@ library and, for two dialects, on ``mlx_lm.tool_parsers``.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 from omlx.tool_parsers.base import (
     Dialect,
@@ -63,15 +62,11 @@ _MODULES = {
     "kimi_k2": "omlx.tool_parsers.kimi_k2",
     "longcat": "omlx.tool_parsers.longcat",
     "deepseek": "omlx.tool_parsers.deepseek",
-}
-
-# Dialects that need an optional package; not a dependency of omlx.
-_OPTIONAL = {
-    "harmony": (
-        "openai_harmony",
-        "the 'harmony' dialect (gpt-oss) needs the openai-harmony package, which is not "
-        "installed; gpt-oss tool calls are not parsed (pip install openai-harmony)",
-    ),
+    "pythonic": "omlx.tool_parsers.pythonic",
+    "kimi_k3": "omlx.tool_parsers.kimi_k3",
+    "minicpm5": "omlx.tool_parsers.minicpm5",
+    "muse_spark": "omlx.tool_parsers.muse_spark",
+    "harmony": "omlx.tool_parsers.harmony",
 }
 
 # Other names for our dialects, including mlx-lm's ``tool_parser_type`` values.
@@ -92,30 +87,25 @@ ALIASES = {
     "deepseek_v3": "deepseek",
     "deepseek_v31": "deepseek",
     "gpt_oss": "harmony",
+    "gpt-oss": "harmony",
+    "openai_harmony": "harmony",
+    "llama3_pythonic": "pythonic",
+    "llama4_pythonic": "pythonic",
+    "lfm2": "pythonic",
 }
 
 _loaded: dict[str, Dialect] = {}
-
-
-def _optional_available(name: str) -> bool:
-    return importlib.util.find_spec(_OPTIONAL[name][0]) is not None
 
 
 def resolve_dialect_name(name: str) -> str:
     """Maps an alias (e.g. mlx-lm's ``qwen3_coder``) to our dialect name.
 
     Raises:
-        ValueError: the name is unknown, or its dialect needs a package that is missing.
+        ValueError: the name is unknown.
     """
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
     if key in _MODULES:
         return key
-    if key in _OPTIONAL:
-        if _optional_available(key):
-            raise ValueError(
-                f"the '{key}' dialect is not implemented in omlx yet (openai-harmony is installed)"
-            )
-        raise ValueError(_OPTIONAL[key][1])
     known = ", ".join(sorted(_MODULES))
     raise ValueError(f"unknown tool dialect {name!r}; use one of: {known}")
 

@@ -140,7 +140,8 @@ class Match:
 
     Attributes:
         end: index in the scanned buffer just past the last character the calls consumed.
-        calls: the calls, at least one.
+        calls: the calls; empty when the region is markup the dialect drops (only dialects
+            with ``drops_markup``, e.g. Harmony's channel headers and end tokens).
     """
 
     end: int
@@ -174,11 +175,17 @@ class Dialect:
         name: the registry name.
         start_markers: texts that open a call region; none may be a prefix of another.
         default_id_factory: makes ids for calls whose text carries none.
+        drops_markup: ``scan`` may answer a ``Match`` without calls: that text is removed
+            (format markup around content), so content is not always the text minus calls.
+        think_markers: (start, end) of the format's reasoning block, for a caller's think
+            splitter to take out before this parser; None when the format has none of its own.
     """
 
     name: str = ""
     start_markers: tuple[str, ...] = ()
     default_id_factory: IdFactory = staticmethod(new_call_id)
+    drops_markup: bool = False
+    think_markers: tuple[str, str] | None = None
 
     def find_start(self, text: str, at_message_start: bool) -> tuple[int, int] | None:
         """Finds the earliest call start in ``text``.

@@ -6,26 +6,28 @@ It must not import any dialect module, so detection stays cheap.
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 from collections.abc import Collection, Mapping
-
-logger = logging.getLogger(__name__)
 
 _DEEPSEEK = "<｜tool▁calls▁begin｜>"
 
 # (dialect, markers that must all be in the template), first match wins.
 _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("minimax", ("<minimax:tool_call>",)),
+    ("muse_spark", ("<atem:function_calls>",)),
     ("gemma", ("<|tool_call>", "<tool_call|>")),
     ("gemma", ("<start_function_call>",)),
     ("longcat", ("<longcat_tool_call>",)),
     ("glm", ("<tool_call>", "<arg_key>")),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("kimi_k3", ("<|open|>tools<|sep|>",)),
+    ("kimi_k3", ("<|open|>", "<|sep|>", "call tool=")),
     ("deepseek", (_DEEPSEEK,)),
     ("qwen3_coder_xml", ("<tool_call>", "<function=")),
     ("mistral", ("[TOOL_CALLS]",)),
+    ("minicpm5", ("<function name=", "<param name=")),
     ("harmony", ("<|channel|>", "<|call|>")),
+    ("pythonic", ("<|tool_call_start|>",)),  # LFM2
+    ("pythonic", ("[func_name1(",)),  # the Llama 3.2 / Llama 4 pythonic templates' instruction
     ("llama3_json", ("<|python_tag|>",)),
     ("llama3_json", ("<|start_header_id|>", '"parameters": ')),
     ("hermes", ("<tool_call>",)),
@@ -34,29 +36,20 @@ _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 # (dialect, tokens that must all be in the vocabulary), used when the template decides nothing.
 _VOCAB_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("minimax", ("<minimax:tool_call>",)),
+    ("muse_spark", ("<atem:function_calls>",)),
     ("gemma", ("<|tool_call>", "<tool_call|>")),
     ("gemma", ("<start_function_call>",)),
     ("longcat", ("<longcat_tool_call>",)),
     ("glm", ("<tool_call>", "<arg_key>")),
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
+    ("kimi_k3", ("<|open|>", "<|sep|>", "<|close|>")),
     ("deepseek", (_DEEPSEEK,)),
     ("mistral", ("[TOOL_CALLS]",)),
+    ("pythonic", ("<|tool_call_start|>", "<|tool_call_end|>")),
+    ("harmony", ("<|channel|>", "<|constrain|>", "<|call|>")),
     ("llama3_json", ("<|python_tag|>",)),
     ("hermes", ("<tool_call>", "</tool_call>")),
 )
-
-
-def _usable(dialect: str) -> str | None:
-    if dialect == "harmony" and importlib.util.find_spec("openai_harmony") is None:
-        logger.warning(
-            "chat template is gpt-oss (harmony) but openai-harmony is not installed: "
-            "tool calls from this model will not be parsed"
-        )
-        return None
-    if dialect == "harmony":
-        logger.warning("harmony tool calls are not implemented in omlx yet")
-        return None
-    return dialect
 
 
 def detect_dialect(
@@ -78,7 +71,7 @@ def detect_dialect(
             return None
         for dialect, markers in _TEMPLATE_RULES:
             if all(m in chat_template for m in markers):
-                return _usable(dialect)
+                return dialect
     if vocab:
         for dialect, tokens in _VOCAB_RULES:
             if all(t in vocab for t in tokens):

@@ -7,7 +7,9 @@ parse is one ``feed`` plus ``finish``, so the two cannot disagree.
 Rules (the same whatever the chunking):
   * Text that could be the start of a marker is held back until it is decided.
   * A call is emitted (start, arguments, end) once it is complete and valid; a malformed or
-    truncated call becomes plain text, from its marker on. Nothing here raises on model text.
+    truncated call becomes plain text, from its marker on, with a warning in the log when it
+    opened with a real marker. Nothing here raises on model text.
+  * A ``drops_markup`` dialect (Harmony) may match markup without calls: it is removed.
   * Whitespace that only separates text from a call is dropped; between two pieces of text,
     the whitespace that preceded the (first) call is kept.
 """
@@ -134,12 +136,14 @@ class StreamingToolParser:
                 valid = isinstance(result, Match) and result.end >= self._marker_len
                 encoded = self._encode(result) if valid else None
                 if encoded is None:
-                    if result is not NEED_MORE:
-                        logger.debug("%s: malformed tool call kept as text", self.dialect)
+                    self._log_rejected(result)
                     self._fail(events)
                     continue
                 assert isinstance(result, Match)
-                self._emit_calls(encoded, events)
+                if encoded:
+                    self._emit_calls(encoded, events)
+                else:  # markup only (drops_markup): removed, whitespace before it kept
+                    self._held_ws, self._ws_before_call = self._ws_before_call, ""
                 self._buf = self._buf[result.end :]
                 self._marker_len = 0
                 continue
@@ -168,6 +172,18 @@ class StreamingToolParser:
             logger.exception("%s tool parser failed; the call is kept as text", self.dialect)
             return FAIL
 
+    def _log_rejected(self, result: ScanResult) -> None:
+        """A warning for a call region that opened with a real marker (a bare ``{`` or ``[``
+        that is no call is just an answer: debug only)."""
+        marked = any(self._buf.startswith(m) for m in self._dialect.start_markers)
+        logger.log(
+            logging.WARNING if marked else logging.DEBUG,
+            "%s: %s tool call kept as text: %r",
+            self.dialect,
+            "unfinished" if result is NEED_MORE else "malformed",
+            self._buf[:120],
+        )
+
     def _fail(self, events: list[Event]) -> None:
         """The call at the buffer start is not one: its marker becomes text."""
         text = self._ws_before_call + self._buf[: self._marker_len]
@@ -177,7 +193,10 @@ class StreamingToolParser:
         self._emit_text(text, events)
 
     def _encode(self, match: Match) -> list[tuple[RawCall, str]] | None:
-        """Coerces and JSON-encodes every call of a match; None if any cannot be."""
+        """Coerces and JSON-encodes every call of a match; None if any cannot be.
+        A match without calls (markup to drop) is allowed only for ``drops_markup`` dialects."""
+        if not match.calls:
+            return [] if self._dialect.drops_markup else None
         out = []
         for call in match.calls:
             if not is_name(call.name) or not isinstance(call.arguments, dict):
@@ -187,7 +206,7 @@ class StreamingToolParser:
                 out.append((call, json.dumps(args, ensure_ascii=False, allow_nan=False)))
             except (TypeError, ValueError, RecursionError):
                 return None
-        return out or None
+        return out
 
     def _emit_calls(self, encoded: list[tuple[RawCall, str]], events: list[Event]) -> None:
         if not self._after_call:

@@ -242,6 +242,212 @@ DEEPSEEK = [
       _DB + _CB + "get_weather" + _SEP + "city=Oslo" + _CE + _DE),
 ]
 
+CONF = ("configure", {"enabled": True, "ratio": 0.5, "tags": ["a", "b"], "opts": {"k": 1, "z": None}})
+UNI = ("get_weather", {"city": "Zürich ☃ 東京 🌧"})
+NOARGS = ("list_files", {})
+
+_TS, _TE = "<|tool_call_start|>", "<|tool_call_end|>"
+PYTHONIC = [
+    C("single", '[get_weather(city="Oslo", days=3)]', None, OSLO),
+    C("parallel", '[get_weather(city="Oslo", days=3), get_weather(city="Lyon")]', None, OSLO, LYON),
+    C("zero-args", "[list_files()]", None, NOARGS),
+    C("typed", "[configure(enabled=True, ratio=0.5, tags=['a', 'b'], opts={'k': 1, 'z': None})]", None, CONF),
+    C("json-literals-in-containers", '[configure(enabled=true, ratio=5e-1, tags=["a", "b"], opts={"k": 1, "z": null})]',
+      None, CONF),
+    C("unicode", "[get_weather(city='Zürich ☃ 東京 🌧')]", None, UNI),
+    C("brackets-in-string", '[write_file(path="a.py", content="x = f(a[1])]) # \\"q\\"")]', None,
+      ("write_file", {"path": "a.py", "content": 'x = f(a[1])]) # "q"'})),
+    C("coerce-string-int", '[get_weather(city="Oslo", days="3")]', None, OSLO),
+    C("invalid-escape", '[search(regex="^v\\d+\\.\\d+$")]', None, ("search", {"regex": "^v\\d+\\.\\d+$"})),
+    C("escaped-quote-and-raw-string", "[search(regex=r'a\\'b')]", None, ("search", {"regex": "a\\'b"})),
+    C("lfm2-wrapped", _TS + '[get_weather(city="Oslo", days=3)]' + _TE, None, OSLO),
+    C("lfm2-call-after-text", "Let me check.\n" + _TS + '[get_weather(city="Lyon")]' + _TE, "Let me check.", LYON),
+    C("lfm2-text-after-call", _TS + '[get_weather(city="Lyon")]' + _TE + "\nChecking now.", "Checking now.", LYON),
+    C("llama4-python-start", '<|python_start|>[get_weather(city="Oslo", days=3), list_files()]<|python_end|>', None,
+      OSLO, NOARGS),
+    C("bare-then-text", '[get_weather(city="Lyon")] is the call.', '[get_weather(city="Lyon")] is the call.'),
+    C("bare-after-text", 'Call [get_weather(city="Lyon")]', 'Call [get_weather(city="Lyon")]'),
+    C("bare-unknown-tool", '[launch(x=1)]', "[launch(x=1)]"),
+    C("json-list-answer", '[{"city": "Oslo", "temp": 3}, 2]', '[{"city": "Oslo", "temp": 3}, 2]'),
+    C("positional-arg", '[get_weather("Oslo")]', '[get_weather("Oslo")]'),
+    C("malformed", _TS + "[get_weather(city=Oslo Lyon)]" + _TE, _TS + "[get_weather(city=Oslo Lyon)]" + _TE),
+    C("truncated", _TS + '[get_weather(city="Os', _TS + '[get_weather(city="Os'),
+    C("bare-truncated", '[get_weather(city="Oslo"', '[get_weather(city="Oslo"'),
+]
+
+_K3B, _K3E = "<|open|>tools<|sep|>", "<|close|>tools<|sep|>"
+
+
+def _k3(name: str, *args: tuple[str, str, str], idx: int = 1) -> str:
+    body = "".join(f'\n    <|open|>argument key="{k}" type="{t}"<|sep|>{v}<|close|>argument<|sep|>' for k, t, v in args)
+    return f'\n  <|open|>call tool="{name}" index="{idx}"<|sep|>{body}\n  <|close|>call<|sep|>'
+
+
+_K3_OSLO = _k3("get_weather", ("city", "string", "Oslo"), ("days", "integer", "3"))
+KIMI_K3 = [
+    C("single", _K3B + _K3_OSLO + "\n" + _K3E, None, OSLO),
+    C("parallel", _K3B + _K3_OSLO + _k3("get_weather", ("city", "string", "Lyon"), idx=2) + "\n" + _K3E, None, OSLO, LYON),
+    C("zero-args", _K3B + '<|open|>call tool="list_files" index="1"<|sep|><|close|>call<|sep|>' + _K3E, None, NOARGS),
+    C("typed", _K3B + _k3("configure", ("enabled", "boolean", "true"), ("ratio", "number", "0.5"),
+                          ("tags", "array", '["a", "b"]'), ("opts", "object", '{"k": 1, "z": null}')) + _K3E, None, CONF),
+    C("string-type-keeps-json-text", _K3B + _k3("write_file", ("path", "string", "a.json"),
+                                                ("content", "string", '{"k": 1}')) + _K3E, None,
+      ("write_file", {"path": "a.json", "content": '{"k": 1}'})),
+    C("json-block", _K3B + '<|open|>call tool="get_weather" index="1"<|sep|><|open|>json type="object"<|sep|>'
+      '{"city": "Oslo", "days": 3}<|close|>json<|sep|><|close|>call<|sep|>' + _K3E, None, OSLO),
+    C("json-block-invalid-escape", _K3B + '<|open|>call tool="search"<|sep|><|open|>json type="object"<|sep|>'
+      '{"regex": "^\\d+"}<|close|>json<|sep|><|close|>call<|sep|>' + _K3E, None, ("search", {"regex": "^\\d+"})),
+    C("unicode", _K3B + _k3("get_weather", ("city", "string", "Zürich ☃ 東京 🌧")) + _K3E, None, UNI),
+    C("escaped-attr", _K3B + '<|open|>call tool="write_file"<|sep|><|open|>argument key="content" type="string"<|sep|>'
+      'say "hi" & <b><|close|>argument<|sep|><|close|>call<|sep|>' + _K3E, None, ("write_file", {"content": 'say "hi" & <b>'})),
+    C("call-after-text", "Let me look.\n" + _K3B + _K3_OSLO + _K3E, "Let me look.", OSLO),
+    C("text-after-call", _K3B + _K3_OSLO + _K3E + "\nDone.", "Done.", OSLO),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("no-tool-name", _K3B + '<|open|>call index="1"<|sep|><|close|>call<|sep|>' + _K3E,
+      _K3B + '<|open|>call index="1"<|sep|><|close|>call<|sep|>' + _K3E),
+    C("bad-json-block", _K3B + '<|open|>call tool="f"<|sep|><|open|>json<|sep|>[1, 2]<|close|>json<|sep|><|close|>call<|sep|>'
+      + _K3E, _K3B + '<|open|>call tool="f"<|sep|><|open|>json<|sep|>[1, 2]<|close|>json<|sep|><|close|>call<|sep|>' + _K3E),
+    C("truncated", "Hi " + _K3B + _K3_OSLO, "Hi " + _K3B + _K3_OSLO),
+]
+
+
+def _cpm(name: str, **params: str) -> str:
+    body = "".join(f'<param name="{k}">{v}</param>' for k, v in params.items())
+    return f'<function name="{name}">{body}</function>'
+
+
+MINICPM5 = [
+    C("single", _cpm("get_weather", city="Oslo", days="3"), None, OSLO),
+    C("parallel", _cpm("get_weather", city="Oslo", days="3") + "\n" + _cpm("get_weather", city="Lyon"), None, OSLO, LYON),
+    C("zero-args", '<function name="list_files"></function>', None, NOARGS),
+    C("typed", _cpm("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1, "z": null}'), None, CONF),
+    C("cdata", _cpm("write_file", path="a.c", content="<![CDATA[if (a < b && c) {\n  </param> x;\n}\n]]>"), None,
+      ("write_file", {"path": "a.c", "content": "if (a < b && c) {\n  </param> x;\n}\n"})),
+    C("close-tag-in-bare-value", _cpm("write_file", path="a", content="x </param> y"), None,
+      ("write_file", {"path": "a", "content": "x </param> y"})),
+    C("spaced-and-newlines", '<function name="get_weather">\n<param name="city"> Oslo </param>\n<param name="days">3</param>\n'
+      "</function>", None, OSLO),
+    C("unicode", _cpm("get_weather", city="Zürich ☃ 東京 🌧"), None, UNI),
+    C("unquoted-and-single-quoted-names", "<function name=get_weather><param name='city'>Oslo</param>"
+      "<param name=days>3</param></function>", None, OSLO),
+    C("uncoercible", _cpm("get_weather", city="Oslo", days="a few"), None, ("get_weather", {"city": "Oslo", "days": "a few"})),
+    C("call-after-text", "Let me check.\n" + _cpm("get_weather", city="Lyon"), "Let me check.", LYON),
+    C("text-after-call", _cpm("get_weather", city="Lyon") + "\nDone.", "Done.", LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("tag-in-prose", 'Write <function name="x"> tags.', 'Write <function name="x"> tags.'),
+    C("truncated", _cpm("get_weather", city="Lyon")[:-11], _cpm("get_weather", city="Lyon")[:-11]),
+    C("malformed", '<function name="get_weather"><param name="city">Lyon</function>',
+      '<function name="get_weather"><param name="city">Lyon</function>'),
+]
+
+_AB, _AE = "<atem:function_calls>\n", "</atem:function_calls>"
+
+
+def _atem(fn: str, **params: str) -> str:
+    body = "".join(f'<atem:parameter name="{k}">{v}</atem:parameter>\n' for k, v in params.items())
+    return f'<atem:invoke name="{fn}">\n{body}</atem:invoke>\n'
+
+
+MUSE_SPARK = [
+    C("single", _AB + _atem("get_weather", city="Oslo", days="3") + _AE, None, OSLO),
+    C("parallel", _AB + _atem("get_weather", city="Oslo", days="3") + _atem("get_weather", city="Lyon") + _AE, None,
+      OSLO, LYON),
+    C("zero-args", _AB + '<atem:invoke name="list_files"></atem:invoke>' + _AE, None, NOARGS),
+    C("typed", _AB + _atem("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1, "z": null}') + _AE,
+      None, CONF),
+    C("undeclared-values-read-as-json", _AB + _atem("launch", n="3", flag="false", who="Ada") + _AE, None,
+      ("launch", {"n": 3, "flag": False, "who": "Ada"})),
+    C("string-param-keeps-digits", _AB + _atem("write_file", path="42", content=" x ") + _AE, None,
+      ("write_file", {"path": "42", "content": "x"})),
+    C("extra-attributes", _AB + '<atem:invoke id="1" name="get_weather"><atem:parameter name="city" type="string">Lyon'
+      "</atem:parameter></atem:invoke>" + _AE, None, LYON),
+    C("close-tag-in-value", _AB + _atem("write_file", path="a", content="x </atem:parameter> y") + _AE, None,
+      ("write_file", {"path": "a", "content": "x </atem:parameter> y"})),
+    C("unicode", _AB + _atem("get_weather", city="Zürich ☃ 東京 🌧") + _AE, None, UNI),
+    C("call-after-text", "Checking.\n" + _AB + _atem("get_weather", city="Lyon") + _AE, "Checking.", LYON),
+    C("text-after-call", _AB + _atem("get_weather", city="Lyon") + _AE + "\nDone.", "Done.", LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("unclosed-invoke", _AB + '<atem:invoke name="get_weather"><atem:parameter name="city">Lyon</atem:parameter>' + _AE,
+      _AB.strip() + '\n<atem:invoke name="get_weather"><atem:parameter name="city">Lyon</atem:parameter>' + _AE),
+    C("truncated", _AB + _atem("get_weather", city="Lyon"), _AB + _atem("get_weather", city="Lyon")),
+]
+
+def _glm(name: str, **params: str) -> str:
+    return "<tool_call>" + name + "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in params.items()) \
+        + "</tool_call>"
+
+
+# Laguna (Poolside) emits the GLM-4.7 format: mlx-lm's laguna parser is its glm47 one.
+GLM += [
+    C("laguna-zero-args-compact", "Listing.<tool_call>list_files</tool_call>", "Listing.", NOARGS),
+    C("laguna-typed", _glm("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1, "z": null}'), None,
+      CONF),
+    C("laguna-unicode", _glm("get_weather", city="Zürich ☃ 東京 🌧"), None, UNI),
+    C("laguna-text-after", _glm("get_weather", city="Lyon") + "\nDone.", "Done.", LYON),
+    C("laguna-parallel-no-space", _glm("get_weather", city="Oslo", days="3") + _glm("get_weather", city="Lyon"), None,
+      OSLO, LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+]
+
+_G4 = '<|tool_call>call:{}{{{}}}<tool_call|>'
+GEMMA += [
+    C("gemma4-zero-args", _G4.format("list_files", ""), None, NOARGS),
+    C("gemma4-typed", _G4.format("configure", 'enabled:true,ratio:0.5,tags:[<|"|>a<|"|>,<|"|>b<|"|>],opts:{k:1,z:null}'),
+      None, CONF),
+    C("gemma4-unicode", _G4.format("get_weather", 'city:<|"|>Zürich ☃ 東京 🌧<|"|>'), None, UNI),
+    C("gemma4-two-calls-one-block", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:3}call:list_files{}<tool_call|>',
+      None, OSLO, NOARGS),
+    C("gemma4-call-after-text", "Let me check.\n" + _G4.format("get_weather", 'city:<|"|>Lyon<|"|>'), "Let me check.", LYON),
+    C("gemma4-text-after-call", _G4.format("get_weather", 'city:<|"|>Lyon<|"|>') + "\nDone.", "Done.", LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("gemma4-truncated", '<|tool_call>call:get_weather{city:<|"|>Ly', '<|tool_call>call:get_weather{city:<|"|>Ly'),
+]
+
+
+def _hcall(name: str, args: str, end: str = "<|call|>", constrain: str = " <|constrain|>json") -> str:
+    return f"<|start|>assistant<|channel|>commentary to=functions.{name}{constrain}<|message|>{args}{end}"
+
+
+_HA = "<|channel|>analysis<|message|>The user wants weather. {\"city\": 1} maybe.<|end|>"
+_HF = "<|start|>assistant<|channel|>final<|message|>"
+HARMONY = [
+    C("single", _hcall("get_weather", '{"city": "Oslo", "days": 3}'), None, OSLO),
+    C("channel-first-no-start", '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+      '{"city":"Oslo","days":3}<|call|>', None, OSLO),
+    C("call-token-not-fed", _hcall("get_weather", '{"city": "Lyon"}', end=""), None, LYON),
+    C("recipient-before-channel", '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>'
+      '{"city": "Lyon"}<|call|>', None, LYON),
+    C("no-constrain", _hcall("get_weather", '{"city": "Lyon"}', constrain=""), None, LYON),
+    C("constrain-no-space", _hcall("get_weather", '{"city": "Lyon"}', constrain="<|constrain|>json"), None, LYON),
+    C("other-recipient", '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "x"}<|call|>',
+      None, ("browser.search", {"query": "x"})),
+    C("parallel", _hcall("get_weather", '{"city": "Oslo", "days": 3}') + _hcall("get_weather", '{"city": "Lyon"}'), None,
+      OSLO, LYON),
+    C("zero-args", _hcall("list_files", "{}"), None, NOARGS),
+    C("typed", _hcall("configure", '{"enabled": true, "ratio": 0.5, "tags": ["a", "b"], "opts": {"k": 1, "z": null}}'),
+      None, CONF),
+    C("unicode", _hcall("get_weather", '{"city": "Zürich ☃ 東京 🌧"}'), None, UNI),
+    C("invalid-escape", _hcall("search", '{"regex": "^v\\d+"}'), None, ("search", {"regex": "^v\\d+"})),
+    C("analysis-then-call", _HA + _hcall("get_weather", '{"city": "Lyon"}'), None, LYON),
+    C("preamble-then-call", "<|channel|>commentary<|message|>Checking the weather.<|end|>"
+      + _hcall("get_weather", '{"city": "Lyon"}'), "Checking the weather.", LYON),
+    C("final-answer", _HA + _HF + "It is 3 °C in Oslo.<|return|>", "It is 3 °C in Oslo."),
+    C("final-answer-return-not-fed", _HF + "Done.", "Done."),
+    C("json-answer-not-a-call", _HF + '{"city": "Oslo", "temp": 3}<|return|>', '{"city": "Oslo", "temp": 3}'),
+    C("body-not-json", _hcall("get_weather", "city=Oslo"), "<|start|>assistant<|channel|>commentary to=functions."
+      "get_weather <|constrain|>json<|message|>city=Oslo"),
+    C("text-after-json", _hcall("get_weather", '{"city": "Lyon"} then', end=""), "<|start|>assistant<|channel|>commentary "
+      'to=functions.get_weather <|constrain|>json<|message|>{"city": "Lyon"} then'),
+    C("truncated", _hcall("get_weather", '{"city": "Ly', end=""),
+      '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Ly'),
+    C("marker-words-in-prose", "Use <|channel|> tokens, like <|start|> here", "Use <|channel|> tokens, like <|start|> here"),
+]
+
 TABLE: dict[str, list[Case]] = {
     "hermes": HERMES,
     "qwen3_coder_xml": QWEN3_CODER_XML,
@@ -253,4 +459,9 @@ TABLE: dict[str, list[Case]] = {
     "kimi_k2": KIMI_K2,
     "longcat": LONGCAT,
     "deepseek": DEEPSEEK,
+    "pythonic": PYTHONIC,
+    "kimi_k3": KIMI_K3,
+    "minicpm5": MINICPM5,
+    "muse_spark": MUSE_SPARK,
+    "harmony": HARMONY,
 }

@@ -94,11 +94,41 @@ def test_kimi_k2_leaves_unreadable_json_as_a_string_so_omlx_parses_it() -> None:
     assert isinstance(upstream("kimi_k2", text)[0]["arguments"], str)
 
 
+def test_pythonic_cuts_a_value_holding_close_brackets_when_text_follows() -> None:
+    """-> omlx/tool_parsers/pythonic.py: with a "]" in later text, ``ast`` fails on
+    find("[")..rfind("]") and the regex fallback stops at the first ")]" inside the string."""
+    call = '[write_file(content="f(a[1])] ok")]'
+    got = upstream("pythonic", call + " see [1]")
+    assert got["arguments"] != {"content": "f(a[1])] ok"}
+    ours = parse_tool_calls(f"<|tool_call_start|>{call}<|tool_call_end|> see [1]", "pythonic")
+    assert ours.tool_calls[0].arguments == '{"content": "f(a[1])] ok"}' and ours.content == "see [1]"
+
+
+def test_minicpm5_half_parses_a_truncated_call_and_cuts_cdata() -> None:
+    """-> omlx/tool_parsers/minicpm5.py"""
+    got = upstream("minicpm5", '<function name="get_weather"><param name="city">Lyon</param>')
+    assert got == {"name": "get_weather", "arguments": {"city": "Lyon"}}  # no </function>: still a call
+    got = upstream("minicpm5", '<function name="w"><param name="c"><![CDATA[a </param> b]]></param></function>')
+    assert got["arguments"]["c"] != "a </param> b"
+
+
+def test_muse_spark_half_parses_unclosed_invoke_and_cuts_at_close_tag() -> None:
+    """-> omlx/tool_parsers/muse_spark.py"""
+    got = upstream("muse_spark", '<atem:invoke name="g"><atem:parameter name="c">Lyon</atem:parameter>')
+    assert got == {"name": "g", "arguments": {"c": "Lyon"}}
+    got = upstream("muse_spark", '<atem:invoke name="w"><atem:parameter name="c">a </atem:parameter> b'
+                   "</atem:parameter></atem:invoke>")
+    assert got["arguments"]["c"] != "a </atem:parameter> b"
+
+
 @pytest.mark.parametrize(
     ("module", "dialect"),
     [("json_tools", "hermes"), ("qwen3_coder", "qwen3_coder_xml"), ("glm47", "glm"),
      ("function_gemma", "gemma"), ("gemma4", "gemma"), ("minimax_m2", "minimax"),
-     ("kimi_k2", "kimi_k2"), ("longcat", "longcat"), ("mistral", "mistral")],
+     ("kimi_k2", "kimi_k2"), ("longcat", "longcat"), ("mistral", "mistral"),
+     ("pythonic", "pythonic"), ("kimi_k3", "kimi_k3"),
+     ("minicpm5", "minicpm5"), ("muse_spark", "muse_spark"),
+     ("laguna", "glm")],
 )
 def test_start_markers_agree_with_mlx_lm(module: str, dialect: str) -> None:
     """mlx-lm's tokenizer wrapper detects a call by ``tool_call_start``; ours must agree."""

@@ -43,12 +43,10 @@ def test_unknown_dialect_is_a_value_error_naming_the_choices() -> None:
         StreamingToolParser("nope")
 
 
-def test_harmony_is_skipped_with_a_reason_without_openai_harmony() -> None:
-    if tp._optional_available("harmony"):
-        pytest.skip("openai-harmony is installed here")
-    with pytest.raises(ValueError, match="openai-harmony"):
-        get_dialect("harmony")
-    assert "harmony" not in tp.available_dialects()
+def test_harmony_needs_no_optional_package() -> None:
+    """omlx's own Harmony parser: no openai-harmony import, available everywhere."""
+    assert get_dialect("gpt_oss").name == "harmony" and "harmony" in tp.available_dialects()
+    assert get_dialect("harmony").think_markers == ("<|channel|>analysis<|message|>", "<|end|>")
 
 
 def test_importing_the_package_loads_no_dialect_and_no_mlx() -> None:
@@ -83,6 +81,15 @@ HERMES_TEMPLATE = '{%- if tools %}<tool_call>\n{"name": <function-name>, "argume
         ("tools <|tool_calls_section_begin|>", None, "kimi_k2"),
         ("tools <longcat_tool_call>", None, "longcat"),
         ("tools <｜tool▁calls▁begin｜>", None, "deepseek"),
+        ("{%- if tools %}<|tool_call_start|>[{{ name }}(...)]<|tool_call_end|>", None, "pythonic"),
+        ("<|start_header_id|>system tools: [func_name1(params_name1=params_value1, params_name2=...), "
+         "func_name2(params)]", None, "pythonic"),
+        (None, {"<|tool_call_start|>", "<|tool_call_end|>"}, "pythonic"),
+        ("{%- if tools %}<|open|>tools<|sep|><|open|>call tool=\"{{ name }}\"", None, "kimi_k3"),
+        (None, {"<|open|>", "<|sep|>", "<|close|>"}, "kimi_k3"),
+        ("{%- if tools %}<function name=\"fn\"><param name=\"p\">value</param></function> CDATA", None, "minicpm5"),
+        ("{%- if tools %}<atem:function_calls>\n<atem:invoke name=", None, "muse_spark"),
+        (None, {"<atem:function_calls>": 5}, "muse_spark"),
         ("{{ messages }} no tool support at all", {"<tool_call>"}, None),
         ("{% for m in messages %}{{ m.content }}{% endfor %}", {"<tool_call>", "</tool_call>"}, None),
         ("tools are listed below, with custom markers", {"[TOOL_CALLS]"}, "mistral"),
@@ -95,12 +102,9 @@ def test_detect_dialect(template, vocab, expected) -> None:
     assert detect_dialect(template, vocab) == expected
 
 
-def test_detect_gpt_oss_without_harmony_is_none_with_a_warning(caplog) -> None:
-    if tp._optional_available("harmony"):
-        pytest.skip("openai-harmony is installed here")
-    with caplog.at_level("WARNING"):
-        assert detect_dialect("tools <|start|>assistant<|channel|>commentary to=functions.f<|call|>", None) is None
-    assert "openai-harmony" in caplog.text
+def test_detect_gpt_oss() -> None:
+    assert detect_dialect("tools <|start|>assistant<|channel|>commentary to=functions.f<|call|>", None) == "harmony"
+    assert detect_dialect(None, {"<|channel|>", "<|constrain|>", "<|call|>", "<|message|>"}) == "harmony"
 
 
 # ----------------------------------------------------------------------------- ids
@@ -174,6 +178,29 @@ def test_content_none_and_empty_input() -> None:
     assert parse_tool_calls("", "hermes").tool_calls == []
 
 
+@pytest.mark.parametrize(
+    ("dialect", "text", "kind"),
+    [("hermes", '<tool_call>{"name": get_weather}</tool_call>', "malformed"),
+     ("hermes", '<tool_call>{"name": "f", "arguments": {"a": ', "unfinished"),
+     ("minicpm5", '<function name="f"><param name="a">1</function>', "unfinished"),
+     ("kimi_k3", '<|open|>tools<|sep|><|open|>call index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>', "malformed"),
+     ("harmony", "<|channel|>commentary to=functions.f<|message|>{oops}", "malformed")],
+)
+def test_a_malformed_call_is_text_with_a_warning(dialect: str, text: str, kind: str, caplog) -> None:
+    with caplog.at_level("WARNING", logger="omlx.tool_parsers"):
+        r = parse_tool_calls(text, dialect)
+    assert r.tool_calls == [] and r.content == text
+    assert [rec.levelname for rec in caplog.records] == ["WARNING"]
+    assert f"{dialect}: {kind} tool call kept as text" in caplog.text
+
+
+def test_a_json_answer_is_not_warned_about(caplog) -> None:
+    with caplog.at_level("WARNING", logger="omlx.tool_parsers"):
+        assert parse_tool_calls('{"city": "Oslo"}', "hermes", TABLE["hermes"][0].tools).tool_calls == []
+        assert parse_tool_calls("[1, 2]", "pythonic", TABLE["pythonic"][0].tools).tool_calls == []
+    assert caplog.records == []
+
+
 def test_arguments_are_never_invalid_json() -> None:
     """Values JSON cannot carry (NaN) make the call text, not broken arguments."""
     text = '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>'
@@ -194,6 +221,11 @@ def _long_call(dialect: str, size: int) -> str:
         "minimax": f'<minimax:tool_call><invoke name="write_file"><parameter name="content">{code}</parameter></invoke></minimax:tool_call>',
         "kimi_k2": f"<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|>",
         "longcat": f'<longcat_tool_call>{{"name": "write_file", "arguments": {args}}}</longcat_tool_call>',
+        "pythonic": f"<|tool_call_start|>[write_file(path='p', content={code!r})]<|tool_call_end|>",
+        "kimi_k3": f'<|open|>tools<|sep|><|open|>call tool="write_file"<|sep|><|open|>argument key="content" type="string"<|sep|>{code}<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>',
+        "minicpm5": f'<function name="write_file"><param name="content"><![CDATA[{code}]]></param></function>',
+        "muse_spark": f'<atem:function_calls><atem:invoke name="write_file"><atem:parameter name="content">{code}</atem:parameter></atem:invoke></atem:function_calls>',
+        "harmony": f"<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>{args}<|call|>",
         "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     }[dialect]
 
@@ -212,3 +244,14 @@ def test_a_long_call_streams_in_linear_time(dialect: str) -> None:
     events += p.finish()
     assert time.perf_counter() - start < 5.0
     assert p.num_tool_calls == 1
+
+
+def test_pythonic_invalid_escape_is_read_even_when_warnings_are_errors() -> None:
+    """Python warns on "\\d" in a string literal; under -W error that became a SyntaxError and
+    the call was lost. The parser silences it: the value is the backslash and the d."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = parse_tool_calls('[search(regex="^v\\d+")]', "pythonic", TABLE["pythonic"][0].tools)
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("search", '{"regex": "^v\\\\d+"}')]
