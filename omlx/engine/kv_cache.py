@@ -504,6 +504,7 @@ class PrefixCacheTiers:
             "num_blocks": s.num_blocks,
             "num_full_blocks": s.num_full_blocks,
             "num_tails": s.num_tails,
+            "num_held_blocks": s.num_blocks - s.num_free_blocks,  # held by running requests (private ones included)
             "num_bytes": s.num_bytes,
             "max_bytes": s.max_bytes,
             "num_lookups": s.num_lookups,
