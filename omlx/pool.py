@@ -11,8 +11,11 @@ Rules:
     unpinned models are unloaded LRU first until it fits; busy ones are waited for (up to
     ``memory.load_wait_s``); a model that could never fit gets a 507 with the numbers at once;
   - a model is busy while a request holds a `Lease` on it (taken before the route resolves it,
-    released when the response starts) or its engine has requests: busy models are never
-    evicted, so a request is never cut off by an eviction;
+    released when the route ends, on every path: ``omlx.api.holds``) or its engine has
+    requests: busy models are never evicted, so a request is never cut off by an eviction;
+  - a lease not released within `LEASE_TIMEOUT_S` while its engine is idle is dropped as a
+    safety net, and that is a bug: logged as an ERROR naming the request that held it, and
+    counted (``num_expired_leases``; ``omlx_leases_expired_total`` in /metrics);
   - a request to a model being loaded or unloaded waits for it, then gets it (reloaded if
     needed) or a clear error; nothing is dropped silently;
   - pinned models load at start and are never evicted.
@@ -51,7 +54,8 @@ from omlx.profiles import describe, effective_settings, profile_id, split_profil
 
 logger = logging.getLogger(__name__)
 
-#: A lease older than this no longer protects its model (a request that vanished mid-way).
+#: A lease older than this, while its engine is idle, no longer protects its model: a safety
+#: net only (every request releases its lease when its route ends), so each expiry is an ERROR.
 LEASE_TIMEOUT_S = 120.0
 #: Planning margin over the weights' bytes for a load (activations, buffers).
 LOAD_MARGIN = 1.10
@@ -62,6 +66,15 @@ class SlotState(enum.Enum):
     LOADING = "loading"
     LOADED = "loaded"
     UNLOADING = "unloading"
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """One lease as its slot records it: since when (``time.monotonic()``) and for whom (a
+    request, "start", or an admin call such as "POST /v1/models/<id>/load")."""
+
+    since_s: float
+    owner: str
 
 
 @dataclass(slots=True)
@@ -77,7 +90,8 @@ class _Slot:
     weights_bytes: int = 0
     measured_bytes: int = 0
     last_used_s: float = 0.0
-    leases: dict[int, float] = field(default_factory=dict)
+    leases: dict[int, _Held] = field(default_factory=dict)  # lease token -> since when, for whom
+    num_expired_leases: int = 0
     num_loads: int = 0
     generation: int = 0
     load_error: OmlxError | None = None
@@ -90,11 +104,16 @@ class _Slot:
 
 @dataclass(slots=True)
 class Lease:
-    """A request's hold on a loaded model: it is not evicted until released."""
+    """A request's hold on a loaded model: it is not evicted until released.
+
+    Attributes:
+        owner: who holds it (``request <id> (<method> <path>)``), named in the log if it expires.
+    """
 
     model_id: str
     token: int
     entry: Entry
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +167,7 @@ class EnginePool:
         self._start: list[str] = []
         self.num_loads = 0
         self.num_unloads = 0
+        self.num_expired_leases = 0
         for mid, s in config.model_settings.items():
             for a in s.aliases:
                 self._aliases.setdefault(a, mid)
@@ -253,7 +273,8 @@ class EnginePool:
 
     # ---- leases ---------------------------------------------------------------------------
 
-    def acquire(self, model: str, wait_s: float | None = None, *, task: str | None = None, gate: bool = True) -> Lease:
+    def acquire(self, model: str, wait_s: float | None = None, *, task: str | None = None, gate: bool = True,
+                owner: str = "unnamed") -> Lease:
         """Hold ``model`` loaded for one request, loading it first if needed (blocks).
 
         Args:
@@ -261,6 +282,8 @@ class EnginePool:
                 another kind is refused before it is loaded.
             gate: wait while admission is paused (memory above the soft watermark); False for
                 a request that already holds a lease (it was admitted) and for admin calls.
+            owner: who holds it ("request <id> (<method> <path>)"), named in the log should the
+                lease ever expire.
 
         Raises:
             ModelNotFoundError: unknown name.
@@ -289,7 +312,7 @@ class EnginePool:
                         f"memory is above the soft limit ({gb(snap.used_bytes)} used of {gb(self.enforcer.limits.soft_bytes)}); "
                         f"new requests were held {wait_s:.0f} s for running ones to finish. Retry later")
                 if slot.state is SlotState.LOADED:
-                    return self._lease(slot, profile, model)
+                    return self._lease(slot, profile, model, owner)
                 if slot.state is SlotState.UNLOADED:
                     if slot.load_error is not None and slot.generation == seen_generation:
                         raise slot.load_error  # the load this request waited for failed
@@ -302,9 +325,13 @@ class EnginePool:
                 if now >= deadline:
                     raise OverloadedError(f"model '{mid}' is still {slot.state.value} after {wait_s:.0f} s; retry later")
                 self._cond.wait(min(1.0, deadline - now))
-        token = self._load(slot, deadline, reason=f"requested as '{model}'")
+        token = self._load(slot, deadline, reason=f"requested as '{model}'", owner=owner)
         with self._cond:
-            return self._lease(slot, profile, model, token)
+            try:
+                return self._lease(slot, profile, model, owner, token)
+            except BaseException:  # the load's lease is this call's to end
+                slot.leases.pop(token, None)
+                raise
 
     def _check_task(self, asked: str, model_id: str, task: str) -> None:
         with self._cond:
@@ -327,7 +354,7 @@ class EnginePool:
         folder = Path(slot.source) if slot.source else self.config.models_dir / slot.model_id
         return folder_task(folder) if (folder / "config.json").is_file() else None
 
-    def _lease(self, slot: _Slot, profile: str | None, asked: str, token: int | None = None) -> Lease:
+    def _lease(self, slot: _Slot, profile: str | None, asked: str, owner: str, token: int | None = None) -> Lease:
         """A lease on a LOADED slot (``token``: one `_load` already holds for the caller). Caller holds the lock."""
         entry = slot.profile_entries.get(profile)
         if entry is None:
@@ -344,9 +371,9 @@ class EnginePool:
         now = time.monotonic()
         if token is None:
             token = next(self._tokens)
-            slot.leases[token] = now
+            slot.leases[token] = _Held(now, owner)
         slot.last_used_s = now
-        return Lease(slot.model_id, token, entry)
+        return Lease(slot.model_id, token, entry, owner)
 
     def release(self, lease: Lease) -> None:
         """End a lease (idempotent)."""
@@ -355,13 +382,37 @@ class EnginePool:
             if slot is not None and slot.leases.pop(lease.token, None) is not None:
                 slot.last_used_s = time.monotonic()
 
-    async def acquire_async(self, model: str, *, task: str | None = None) -> Lease:
-        """`acquire` on the pool's threads, for the event loop (it never blocks the loop)."""
-        fut = asyncio.get_running_loop().run_in_executor(self._executor, lambda: self.acquire(model, task=task))
+    async def acquire_async(self, model: str, *, task: str | None = None, owner: str = "unnamed",
+                            then: Callable[[], None] | None = None) -> Lease:
+        """`acquire` on the pool's threads, for the event loop (it never blocks the loop).
+
+        The lease is the caller's once this returns; when the caller is cancelled first (its
+        client left, perhaps while the model loads) the pool releases the lease the thread
+        takes, as soon as it has it: a cancel can never leave a lease without an owner.
+
+        Args:
+            then: TEST ONLY (``omlx.api.park``): run on the pool's thread once the lease is
+                taken, before it is handed over; None in production.
+        """
+        def take() -> Lease:
+            lease = self.acquire(model, task=task, owner=owner)
+            if then is not None:
+                try:
+                    then()
+                except BaseException:
+                    self.release(lease)
+                    raise
+            return lease
+
+        job = self._executor.submit(take)
         try:
-            return await fut
-        except asyncio.CancelledError:  # the client left while waiting: drop the lease it would get
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or self.release(f.result()))
+            return await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            # Not ``wrap_future``'s future: the cancel cancelled that one, and the result the
+            # thread still delivers would be dropped with it. A job not started is cancelled here
+            # (no lease); one running or done releases what it got (now, or when it finishes).
+            job.cancel()
+            job.add_done_callback(_release_result(self))
             raise
 
     async def call_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -371,8 +422,9 @@ class EnginePool:
     def get(self, model: str) -> PoolEntry:
         """The chat entry serving ``model`` (id, alias or ``<id>:<profile>``), loaded if needed.
 
-        Routes call this after the request middleware took a lease (`acquire_async`), so it
-        does not block; other callers may block while the model loads.
+        For callers outside a request (tools, tests): it may block while the model loads, and
+        holds no lease when it returns. Routes take their entry from the lease their request
+        holds (``omlx.api.holds``, `chat_entry`).
 
         Raises:
             ModelNotFoundError: unknown name. InvalidRequestError: not a chat model. And
@@ -380,10 +432,7 @@ class EnginePool:
         """
         lease = self.acquire(model, task="chat", gate=False)
         self.release(lease)
-        if not isinstance(lease.entry, PoolEntry):
-            raise InvalidRequestError(
-                f"model '{model}' is an {lease.entry.task} model; use POST /v1/{lease.entry.task}", param="model")
-        return lease.entry
+        return chat_entry(lease, model)
 
     def get_encoder(self, model: str, task: str) -> EncoderEntry:
         """The embeddings or rerank entry serving ``model`` (see `get`).
@@ -393,12 +442,7 @@ class EnginePool:
         """
         lease = self.acquire(model, task=task, gate=False)
         self.release(lease)
-        e = lease.entry
-        if not isinstance(e, EncoderEntry) or e.task != task:
-            kind = e.task if isinstance(e, EncoderEntry) else "chat"
-            hint = {"embeddings": "an embedding model (BERT family)", "rerank": "a cross-encoder (BERT/XLM-R/ModernBERT *ForSequenceClassification)"}[task]
-            raise InvalidRequestError(f"model '{model}' is a {kind} model; {task} needs {hint}", param="model")
-        return e
+        return encoder_entry(lease, model, task)
 
     def entries(self) -> list[PoolEntry]:
         """The loaded chat entries (``/health``, ``/v1/cache/stats``)."""
@@ -417,7 +461,7 @@ class EnginePool:
             _, path = resolve_model(source or model_id, self.config.models_dir, progress=False)
         return path, folder_task(path)
 
-    def _load(self, slot: _Slot, deadline: float, *, reason: str, warmup: bool = False) -> int:
+    def _load(self, slot: _Slot, deadline: float, *, reason: str, warmup: bool = False, owner: str = "start") -> int:
         """Load a slot the caller marked LOADING; on failure it is UNLOADED with ``load_error``.
 
         Returns:
@@ -454,7 +498,7 @@ class EnginePool:
             slot.last_used_s = time.monotonic()
             slot.profile_entries.clear()
             token = next(self._tokens)
-            slot.leases[token] = time.monotonic()
+            slot.leases[token] = _Held(time.monotonic(), owner)
             self.num_loads += 1
             self._cond.notify_all()
         dt = time.monotonic() - t0
@@ -524,11 +568,14 @@ class EnginePool:
         if working:  # a long non-streaming request keeps its lease however long it runs
             return True
         now = time.monotonic()
-        for tok, t in list(slot.leases.items()):
-            if now - t > LEASE_TIMEOUT_S:
+        for tok, held in list(slot.leases.items()):
+            if now - held.since_s > LEASE_TIMEOUT_S:
                 del slot.leases[tok]
-                logger.warning("a lease on %s expired after %.0f s with its engine idle (request gone?)",
-                               slot.model_id, LEASE_TIMEOUT_S)
+                slot.num_expired_leases += 1
+                self.num_expired_leases += 1
+                logger.error("a lease on %s held by %s expired after %.0f s with its engine idle: its holder "
+                             "never released it (a bug: every path out of a request releases its lease)",
+                             slot.model_id, held.owner, LEASE_TIMEOUT_S)
         return bool(slot.leases)
 
     def _pick_victim(self, exclude: _Slot | None = None) -> _Slot | None:
@@ -585,7 +632,7 @@ class EnginePool:
 
     def load(self, model: str) -> dict[str, Any]:
         """``POST /v1/models/{id}/load``: load now (no-op when loaded). Returns its status row."""
-        lease = self.acquire(model, gate=False)
+        lease = self.acquire(model, gate=False, owner=f"POST /v1/models/{model}/load")
         self.release(lease)
         with self._cond:
             return self._row(self._slots[lease.model_id])
@@ -766,6 +813,7 @@ class EnginePool:
             "idle_s": round(now - s.last_used_s, 1) if s.state is SlotState.LOADED and s.last_used_s else None,
             "num_active_requests": active,
             "num_leases": len(s.leases),
+            "num_expired_leases": s.num_expired_leases,
             "num_loads": s.num_loads,
             "profiles": {profile_id(s.model_id, p): describe(effective_settings(s.settings, p) or s.settings)
                          for p in s.settings.profiles},
@@ -787,8 +835,44 @@ class EnginePool:
             "models": models,
             "num_loads": self.num_loads,
             "num_unloads": self.num_unloads,
+            "num_expired_leases": self.num_expired_leases,
             "events": [_event_dict(ev) for ev in list(self._events)[-50:]],
         }
+
+
+def chat_entry(lease: Lease, model: str) -> PoolEntry:
+    """The chat entry a lease holds.
+
+    Raises:
+        InvalidRequestError: ``model`` (as the request named it) is an encoder model.
+    """
+    if not isinstance(lease.entry, PoolEntry):
+        raise InvalidRequestError(
+            f"model '{model}' is an {lease.entry.task} model; use POST /v1/{lease.entry.task}", param="model")
+    return lease.entry
+
+
+def encoder_entry(lease: Lease, model: str, task: str) -> EncoderEntry:
+    """The embeddings or rerank entry a lease holds.
+
+    Raises:
+        InvalidRequestError: ``model`` does not do ``task``.
+    """
+    e = lease.entry
+    if not isinstance(e, EncoderEntry) or e.task != task:
+        kind = e.task if isinstance(e, EncoderEntry) else "chat"
+        hint = {"embeddings": "an embedding model (BERT family)",
+                "rerank": "a cross-encoder (BERT/XLM-R/ModernBERT *ForSequenceClassification)"}[task]
+        raise InvalidRequestError(f"model '{model}' is a {kind} model; {task} needs {hint}", param="model")
+    return e
+
+
+def _release_result(pool: EnginePool) -> Callable[[Any], None]:
+    """A done-callback for an `acquire` job whose caller is gone: release the lease it got."""
+    def done(job: Any) -> None:
+        if not job.cancelled() and job.exception() is None:
+            pool.release(job.result())
+    return done
 
 
 def _event_dict(ev: PoolEvent) -> dict[str, Any]:

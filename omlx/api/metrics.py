@@ -171,7 +171,14 @@ class _LiveCollector(Collector):
                                          labels=["model", "tier"])
         nbytes = GaugeMetricFamily("omlx_cache_bytes", "Bytes held by each cache tier.", labels=["model", "tier"])
         max_bytes = GaugeMetricFamily("omlx_cache_max_bytes", "Budget of each cache tier.", labels=["model", "tier"])
-        pinned = {r["id"]: r["pinned"] for r in _rows(pool)}
+        rows = _rows(pool)
+        pinned = {r["id"]: r["pinned"] for r in rows}
+        expired = CounterMetricFamily("omlx_leases_expired", "Model leases dropped by the pool's 120 s expiry "
+                                      "because their request never released them (each one is a bug, logged as "
+                                      "an ERROR with the request id).", labels=["model"])
+        for r in rows:
+            expired.add_metric([r["id"]], float(r.get("num_expired_leases", 0)))
+        yield expired
         for e in pool.entries():
             mid = e.loaded.model_id
             loaded.add_metric([mid, str(pinned.get(mid, False)).lower()], 1.0)
