@@ -300,6 +300,8 @@ class ServerConfig:
         kv_group_size: elements per quantization group along the head dim (with ``kv_bits``).
         test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
             to inject into generation (omlx.engine.faults); None in production.
+        test_park: TEST ONLY, from env ``OMLX_TEST_PARK``: requests may ask to wait at an await
+            point of their route until their client leaves (omlx.api.park); False in production.
     """
 
     host: str = "127.0.0.1"
@@ -323,6 +325,7 @@ class ServerConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     test_fault: str | None = None
+    test_park: bool = False
 
     @property
     def base_dir(self) -> Path:
@@ -365,6 +368,7 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_CLUSTER_SECRET": "cluster.secret",
     "OMLX_CLUSTER_PEERS": "cluster.peers",
     "OMLX_TEST_FAULT": "test_fault",  # test-only fault injection (omlx.engine.faults)
+    "OMLX_TEST_PARK": "test_park",  # test-only parking at a route's await points (omlx.api.park)
 }
 
 _FILE_KEYS = {
@@ -401,7 +405,7 @@ def _coerce(key: str, value: Any) -> Any:
         return float(value)
     if name == "headroom_bytes":
         return parse_size(value)
-    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks", "mdns", "start_workers"):
+    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks", "mdns", "start_workers", "test_park"):
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes", "on")
         return bool(value)

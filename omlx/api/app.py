@@ -125,6 +125,8 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     app.ctx.metrics = Metrics(pool)
 
     require_api_key(app, config.api_key)
+    if config.test_park:
+        logger.warning("TEST PARK is on (OMLX_TEST_PARK): requests may wait at their route's await points on purpose")
 
     @app.route("/", methods=["GET", "HEAD"])
     async def root(http: HttpRequest):
@@ -163,5 +165,5 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     app.blueprint(responses_routes.bp)
     app.blueprint(embeddings_routes.bp)
     app.blueprint(dashboard_routes.bp)  # /admin, /v1/admin/recent, /metrics
-    admin_routes.install(app)  # /v1/models/{status,<id>/load,<id>/unload} and load-on-demand middleware
+    admin_routes.install(app)  # /v1/models/{status,<id>/load,<id>/unload}
     return app

@@ -126,6 +126,18 @@ def test_fault_injection_stays_in_the_engine(path):
         pytest.fail(f"{rel} may read OMLX_TEST_FAULT from the environment; only config.py does")
 
 
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_request_parking_stays_in_the_request_holds(path):
+    """The test-only park (api/park.py) is wired by api/holds.py only (routes reach it through
+    their RequestHolds), and its variable OMLX_TEST_PARK is read in config.py only."""
+    rel = str(path.relative_to(PKG))
+    if "omlx.api.park" in _imports(path):
+        assert rel == "api/holds.py", f"{rel} imports the test-only park"
+    text = path.read_text()
+    if "OMLX_TEST_PARK" in text and ("environ" in text or "getenv" in text) and rel != "config.py":
+        pytest.fail(f"{rel} may read OMLX_TEST_PARK from the environment; only config.py does")
+
+
 @pytest.mark.parametrize("rel", ["api/openapi.py", "engine/faults.py"])
 def test_small_new_modules_have_no_framework(rel):
     for name in _imports(PKG / rel):

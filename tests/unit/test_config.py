@@ -40,7 +40,6 @@ def test_bad_config_is_a_clear_error(tmp_path: Path, text: str):
         load_config({}, {}, f)
 
 
-
 def test_kv_bits_from_file_env_and_flags_and_bad_values_named(tmp_path: Path):
     f = tmp_path / "c.toml"
     f.write_text("kv_bits = 8\nkv_group_size = 32\n")
@@ -52,3 +51,8 @@ def test_kv_bits_from_file_env_and_flags_and_bad_values_named(tmp_path: Path):
     for flags, word in (({"kv_bits": 7}, "kv_bits"), ({"kv_bits": 4, "kv_group_size": 48}, "kv_group_size")):
         with pytest.raises(InvalidRequestError, match=word):
             load_config(flags, {}, None)
+
+
+def test_test_park_comes_from_the_environment_only_and_is_off_by_default():
+    assert load_config(env={}).test_park is False
+    assert load_config(env={"OMLX_TEST_PARK": "1"}).test_park is True
