@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 _request_counter = itertools.count()
 
 
+def new_request_id() -> str:
+    """A request id unique in this process (``req-<n>-<ns clock, hex>``); routes take one before
+    the request exists, so its model lease and its log lines name the same request."""
+    return f"req-{next(_request_counter)}-{time.time_ns():x}"
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -87,7 +93,7 @@ class Request:
     model: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
-    request_id: str = field(default_factory=lambda: f"req-{next(_request_counter)}-{time.time_ns():x}")
+    request_id: str = field(default_factory=new_request_id)
     arrival_s: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     num_prefilled_tokens: int = 0

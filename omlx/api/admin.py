@@ -1,16 +1,13 @@
-"""Model management routes and the request middleware that loads models on demand.
+"""Model management routes: ``GET /v1/models/status``, ``POST /v1/models/{id}/load``,
+``POST /v1/models/{id}/unload``.
 
-Routes: ``GET /v1/models/status``, ``POST /v1/models/{id}/load``, ``POST /v1/models/{id}/unload``.
-Middleware: before any ``POST /v1/...`` whose JSON body names a ``model``, a `Lease` on that
-model is taken on the pool's threads (loading it if needed, without blocking the event loop);
-it is released when the response starts. Routes of every protocol then find the model loaded
-through ``pool.get(...)``, and the pool never evicts it under them.
+Models load on demand too: each model route leases the model its body names before it runs
+(``omlx.api.holds``), loading it if needed on the pool's threads.
 Must not: decide anything about memory or eviction (the pool does) or touch mlx.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from urllib.parse import unquote
 
@@ -27,10 +24,8 @@ bp = Blueprint("admin", url_prefix="/v1")
 
 
 def install(app: Sanic) -> None:
-    """Register the admin routes and the load-on-demand middleware on ``app``."""
+    """Register the admin routes on ``app``."""
     app.blueprint(bp)
-    app.register_middleware(hold_model, "request")
-    app.register_middleware(release_model, "response")
 
 
 def _pool(http: HttpRequest) -> EnginePool:
@@ -65,44 +60,3 @@ async def unload_model(http: HttpRequest, model_id: str):
         return json_response({"id": mid, "status": "not_loaded"})
     return json_response({"id": mid, "status": "unloaded", "freed_mlx_bytes": ev.freed_mlx_bytes,
                           "freed_process_bytes": ev.freed_process_bytes, "duration_s": round(ev.duration_s, 3)})
-
-
-#: What each generation route does with its model; other POST /v1 routes naming one get no check.
-ROUTE_TASKS = {"/v1/embeddings": "embeddings", "/v1/rerank": "rerank", "/v1/chat/completions": "chat",
-               "/v1/completions": "chat", "/v1/messages": "chat", "/v1/messages/count_tokens": "chat",
-               "/v1/responses": "chat"}
-
-
-def _requested_model(http: HttpRequest) -> str | None:
-    if http.method != "POST" or not http.path.startswith("/v1/") or http.path.startswith("/v1/models/"):
-        return None
-    if not http.body or len(http.body) > http.app.ctx.config.max_body_bytes:
-        return None
-    try:
-        body = json.loads(http.body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None  # the route reports the bad body in its own words
-    model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) and model else None
-
-
-async def hold_model(http: HttpRequest):
-    """Request middleware: lease the model the body names (loading it first if needed).
-
-    Raises (as the route's error response): ModelNotFoundError 404, InsufficientMemoryError 507,
-    OverloadedError 529, ModelImportError 500.
-    """
-    model = _requested_model(http)
-    if model is None:
-        return None
-    http.ctx.omlx_lease = await _pool(http).acquire_async(model, task=ROUTE_TASKS.get(http.path.rstrip("/")))
-    return None
-
-
-async def release_model(http: HttpRequest, response):
-    """Response middleware: release the lease (the engine now holds the request, if any)."""
-    lease = getattr(http.ctx, "omlx_lease", None)
-    if lease is not None:
-        http.ctx.omlx_lease = None
-        _pool(http).release(lease)
-    return None

@@ -33,6 +33,7 @@ from sanic import Request as HttpRequest
 from sanic import json as json_response
 
 from omlx.api.anthropic_framing import MessageBuilder, SseEvent, scale_tokens, to_sse
+from omlx.api.holds import holding, holds_of
 from omlx.api.params import get_bool, get_float, get_int, get_list, get_str, parse_json_object, require_tool_dialect
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
 from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta
@@ -363,13 +364,14 @@ def _render(entry: PoolEntry, chat: ChatInput) -> RenderedPrompt:
 
 def _prepare(http: HttpRequest) -> _Prepared:
     ctx = http.app.ctx
+    holds = holds_of(http)
     body = parse_json_object(http.body, ctx.config.max_body_bytes)
     model_name = get_str(body, "model")
     max_tokens = get_int(body, "max_tokens", None, lo=1)
     if max_tokens is None:
         raise InvalidRequestError("'max_tokens' is required", param="max_tokens")
     stream = get_bool(body, "stream", False)
-    entry = ctx.pool.get(model_name)
+    entry = holds.chat_entry(model_name)
     chat = _chat_for(body, entry, max_tokens)
     tc = body.get("tool_choice")
     if chat.tools and isinstance(tc, dict) and tc.get("type") in ("any", "tool"):
@@ -391,7 +393,7 @@ def _prepare(http: HttpRequest) -> _Prepared:
     if d.max_output_tokens:
         room = min(room, d.max_output_tokens)
     sampling = SamplingParams(max_tokens=min(max_tokens, room), **sampling_fields)
-    req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling)
+    req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling, request_id=holds.request_id)
     logger.debug("messages %s: model %s, %d prompt tokens, max_tokens %d, stream %s", req.request_id,
                  model_name, len(prompt_ids), sampling.max_tokens, stream)
     think = entry.think if chat.enable_thinking else None
@@ -412,21 +414,22 @@ def frame(builder: MessageBuilder, ev: Any) -> list[SseEvent]:
 
 
 @bp.post("/messages")
+@holding("chat")
 async def create_message(http: HttpRequest):
+    holds = holds_of(http)  # owns the lease and the engine request: released when the route ends
     p = _prepare(http)
+    await holds.checkpoint("prepared")
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
-    turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.chat.tools, think=p.think,
-                     in_reasoning=p.in_reasoning)
-    turn.start()  # a full queue raises RateLimitError here: a 429 with retry-after, before any SSE
+    # a full queue raises RateLimitError here: a 429 with retry-after, before any SSE
+    turn = holds.start(ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.chat.tools, think=p.think,
+                                 in_reasoning=p.in_reasoning))
+    await holds.checkpoint("submitted")
     builder = MessageBuilder(p.model_name, p.request.num_prompt_tokens, scale=p.scale,
                              max_tool_calls=p.chat.max_tool_calls)
-    try:
-        if p.stream:
-            return await _stream(http, turn, builder)
-        return await _collect(turn, builder)
-    finally:
-        turn.close()
+    if p.stream:
+        return await _stream(http, turn, builder)
+    return await _collect(turn, builder)
 
 
 async def _collect(turn: ModelTurn, builder: MessageBuilder):
@@ -442,6 +445,7 @@ async def _collect(turn: ModelTurn, builder: MessageBuilder):
 
 async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
     resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
+    await holds_of(http).checkpoint("responded")
     started = False  # message_start waits for Admitted, so its usage knows the cache hit
     out: list[SseEvent] = []  # the stream events of the batch being framed
     try:
@@ -479,13 +483,15 @@ async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
 
 
 @bp.post("/messages/count_tokens")
+@holding("chat")
 async def count_tokens(http: HttpRequest):
     """``{"input_tokens": N}``: N is the prompt the same body would send to /v1/messages."""
     body = parse_json_object(http.body, http.app.ctx.config.max_body_bytes)
     model_name = get_str(body, "model")
     max_tokens = get_int(body, "max_tokens", None, lo=1)
-    entry = http.app.ctx.pool.get(model_name)
+    entry = holds_of(http).chat_entry(model_name)
     n = len(_render(entry, _chat_for(body, entry, max_tokens)).token_ids)
+    await holds_of(http).checkpoint("prepared")
     return json_response({"input_tokens": scale_tokens(n, context_scale(http, entry))})
 
 

@@ -25,6 +25,7 @@ from sanic import Blueprint
 from sanic import Request as HttpRequest
 from sanic import json as json_response
 
+from omlx.api.holds import holding, holds_of
 from omlx.api.params import get_bool, get_int, get_str, parse_json_object
 from omlx.engine.embeddings import embed
 from omlx.engine.rerank import rank, relevance, score
@@ -55,6 +56,7 @@ def _texts(body: dict[str, Any]) -> list[str]:
 
 
 @bp.post("/embeddings")
+@holding("embeddings")
 async def embeddings(http: HttpRequest):
     body = parse_json_object(http.body, http.app.ctx.config.max_body_bytes)
     model = get_str(body, "model")
@@ -64,7 +66,7 @@ async def embeddings(http: HttpRequest):
         raise InvalidRequestError("'encoding_format' must be 'float' or 'base64'", param="encoding_format")
     truncate = get_bool(body, "truncate", False)
     dims = get_int(body, "dimensions", None, lo=1)
-    entry = http.app.ctx.pool.get_encoder(model, "embeddings")
+    entry = holds_of(http).encoder_entry(model, "embeddings")
     if dims is not None and dims != entry.loaded.dim:
         raise InvalidRequestError(
             f"'dimensions' must be {entry.loaded.dim} for {entry.model_id} (it cannot shorten its vectors)", param="dimensions")
@@ -96,6 +98,7 @@ def _documents(body: dict[str, Any]) -> list[str]:
 
 
 @bp.post("/rerank")
+@holding("rerank")
 async def rerank(http: HttpRequest):
     body = parse_json_object(http.body, http.app.ctx.config.max_body_bytes)
     model = get_str(body, "model")
@@ -103,7 +106,7 @@ async def rerank(http: HttpRequest):
     docs = _documents(body)
     top_n = get_int(body, "top_n", None, lo=1)
     return_documents = get_bool(body, "return_documents", False)
-    entry = http.app.ctx.pool.get_encoder(model, "rerank")
+    entry = holds_of(http).encoder_entry(model, "rerank")
     job = score(entry.engine, query, docs)
     logits = await asyncio.wrap_future(job.future)
     results = []

@@ -20,6 +20,7 @@ from sanic import Request as HttpRequest
 from sanic import json as json_response
 
 from omlx.api import anthropic as anthropic_routes
+from omlx.api.holds import holding, holds_of
 from omlx.api.params import (
     get_bool,
     get_effort,
@@ -172,9 +173,10 @@ class _Prepared:
 
 def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
     ctx = http.app.ctx
+    holds = holds_of(http)
     body = parse_json_object(http.body, ctx.config.max_body_bytes)
     model_name = get_str(body, "model")
-    entry = ctx.pool.get(model_name)
+    entry = holds.chat_entry(model_name)
     tok = entry.loaded.tokenizer
     if chat:
         messages = _validate_messages(get_list(body, "messages", non_empty=True))
@@ -218,7 +220,7 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
         raise InvalidRequestError("'stream_options' must be an object", param="stream_options")
     include_usage = bool(so and so.get("include_usage") is True)
     sampling = sampling_from_openai(body, entry, len(prompt_ids), chat=chat)
-    req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling)
+    req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling, request_id=holds.request_id)
     return _Prepared(entry, req, model_name, stream, include_usage, parse_tools, think, in_reasoning)
 
 
@@ -241,29 +243,31 @@ async def get_model(http: HttpRequest, model_id: str):
 
 
 @bp.post("/chat/completions")
+@holding("chat")
 async def chat_completions(http: HttpRequest):
     return await _serve(http, chat=True)
 
 
 @bp.post("/completions")
+@holding("chat")
 async def completions(http: HttpRequest):
     return await _serve(http, chat=False)
 
 
 async def _serve(http: HttpRequest, *, chat: bool):
+    holds = holds_of(http)  # owns the lease and the engine request: released when the route ends
     p = _prepare(http, chat=chat)
+    await holds.checkpoint("prepared")
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
-    turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.tools, think=p.think, in_reasoning=p.in_reasoning)
-    turn.start()
+    turn = holds.start(ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.tools, think=p.think,
+                                 in_reasoning=p.in_reasoning))
+    await holds.checkpoint("submitted")
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
-    try:
-        if p.stream:
-            return await _stream(http, turn, p, rid, created, chat)
-        return await _collect(turn, p, rid, created, chat)
-    finally:
-        turn.close()
+    if p.stream:
+        return await _stream(http, turn, p, rid, created, chat)
+    return await _collect(turn, p, rid, created, chat)
 
 
 def tool_call_json(c: Any) -> dict[str, Any]:
@@ -306,6 +310,7 @@ async def _collect(turn: ModelTurn, p: _Prepared, rid: str, created: int, chat: 
 
 async def _stream(http: HttpRequest, turn: ModelTurn, p: _Prepared, rid: str, created: int, chat: bool):
     resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
+    await holds_of(http).checkpoint("responded")
     framer = ChunkFramer(rid, created, p.model_name, chat=chat, include_usage=p.include_usage,
                          want_logprobs=p.request.sampling.logprobs)
     if chat:

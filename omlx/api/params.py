@@ -43,6 +43,19 @@ def parse_json_object(body: bytes | None, max_bytes: int | None = None) -> dict[
     return data
 
 
+def requested_model(body: bytes | None, max_bytes: int | None = None) -> str | None:
+    """The ``model`` a request body names, or None (no body, too large, not JSON, not an object,
+    no non-empty string ``model``: the route then reports the body in its own words). Never raises."""
+    if not body or (max_bytes is not None and len(body) > max_bytes):
+        return None
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
 def get_str(body: dict[str, Any], name: str, default: Any = _MISSING, *, allow_empty: bool = False) -> Any:
     v = body.get(name, _MISSING)
     if v is _MISSING or v is None:

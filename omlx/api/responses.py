@@ -25,6 +25,7 @@ from sanic import Blueprint
 from sanic import Request as HttpRequest
 from sanic import json as json_response
 
+from omlx.api.holds import holding, holds_of
 from omlx.api.openai import logprob_json, sampling_from_openai
 from omlx.api.params import get_bool, get_effort, get_int, get_list, get_str, parse_json_object, require_tool_dialect
 from omlx.api.responses_framing import ResponseBuilder, new_id
@@ -351,9 +352,10 @@ def _render(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]
 
 def _prepare(http: HttpRequest) -> _Prepared:
     ctx = http.app.ctx
+    holds = holds_of(http)
     body = parse_json_object(http.body, ctx.config.max_body_bytes)
     model_name = get_str(body, "model")
-    entry = ctx.pool.get(model_name)
+    entry = holds.chat_entry(model_name)
     if body.get("conversation") is not None:
         raise InvalidRequestError("'conversation' is not supported here; send previous_response_id or the full input",
                                   param="conversation")
@@ -403,7 +405,8 @@ def _prepare(http: HttpRequest) -> _Prepared:
     in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
     want_logprobs = _LOGPROBS_INCLUDE in include or bool(body.get("top_logprobs"))
     sampling = _sampling(body, entry, len(rendered.token_ids), want_logprobs)
-    request = Request(model=entry.loaded.model_id, prompt_token_ids=rendered.token_ids, sampling=sampling)
+    request = Request(model=entry.loaded.model_id, prompt_token_ids=rendered.token_ids, sampling=sampling,
+                      request_id=holds.request_id)
 
     response = {
         "id": new_id("resp"), "object": "response", "created_at": int(time.time()), "status": "in_progress",
@@ -425,33 +428,35 @@ def _prepare(http: HttpRequest) -> _Prepared:
 
 
 @bp.post("/responses")
+@holding("chat")
 async def create_response(http: HttpRequest):
+    holds = holds_of(http)  # owns the lease and the engine request: released when the route ends
     p = _prepare(http)
+    await holds.checkpoint("prepared")
     b = p.builder
     store = response_store(http) if p.store else None
     on_finish = (lambda: store.put(b.response, p.input_items)) if store is not None else None
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
-    turn = ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.parse_tools, think=p.think,
-                     in_reasoning=p.in_reasoning)
-    turn.start()  # a full queue raises here, before any header: HTTP 429
-    try:
-        if p.stream:
-            resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
-            async for events in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish):
-                if events is KEEPALIVE:
-                    await resp.send(SSE_COMMENT_KEEPALIVE)
-                elif events:  # one send per batch of engine events
-                    await resp.send("".join([sse_event(e["type"], e) for e in events]))
-            await resp.eof()
-            return None  # already sent; returning it again makes Sanic log an error
-        async for _ in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish, keepalive=False):
-            pass
-        if b.error is not None:
-            raise b.error
-        return json_response(b.response)
-    finally:
-        turn.close()
+    # a full queue raises here, before any header: HTTP 429
+    turn = holds.start(ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.parse_tools, think=p.think,
+                                 in_reasoning=p.in_reasoning))
+    await holds.checkpoint("submitted")
+    if p.stream:
+        resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
+        await holds.checkpoint("responded")
+        async for events in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish):
+            if events is KEEPALIVE:
+                await resp.send(SSE_COMMENT_KEEPALIVE)
+            elif events:  # one send per batch of engine events
+                await resp.send("".join([sse_event(e["type"], e) for e in events]))
+        await resp.eof()
+        return None  # already sent; returning it again makes Sanic log an error
+    async for _ in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish, keepalive=False):
+        pass
+    if b.error is not None:
+        raise b.error
+    return json_response(b.response)
 
 
 async def frame_turn(turn: ModelTurn, b: ResponseBuilder, *, want_logprobs: bool = False,
@@ -485,9 +490,11 @@ async def frame_turn(turn: ModelTurn, b: ResponseBuilder, *, want_logprobs: bool
 
 
 @bp.post("/responses/input_tokens")
+@holding("chat")
 async def count_input_tokens(http: HttpRequest):
     """The prompt's token count for a Responses body (nothing is generated or stored)."""
     p = _prepare(http)
+    await holds_of(http).checkpoint("prepared")
     return json_response({"object": "response.input_tokens", "input_tokens": p.request.num_prompt_tokens})
 
 
