@@ -74,6 +74,9 @@ def test_counters_move_with_traffic(server):
     assert 0 < value(after, "omlx_memory_bytes", kind="soft") <= value(after, "omlx_memory_bytes", kind="ceiling")
     assert (("omlx_queue_depth", (("model", m),)) in after)
     assert value(after, "omlx_model_loaded", model=m, pinned="false") == 1
+    # leases the pool only dropped at their 120 s expiry (each one a request path that leaked it)
+    assert ("omlx_leases_expired_total", (("model", m),)) in after
+    assert value(after, "omlx_leases_expired_total", model=m) == 0
 
 
 def test_recent_requests_list_the_traffic(server):
