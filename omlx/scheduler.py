@@ -16,10 +16,15 @@ from omlx.request import Request, RequestStatus
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStats:
+    """Counts at one moment. ``num_aborting``: running requests already aborted (their client
+    left), still counted in ``num_running`` until the engine takes them out of the batch at the
+    end of its current step."""
+
     num_running: int
     num_waiting: int
     max_running: int
     max_waiting: int
+    num_aborting: int = 0
 
 
 class Scheduler:
@@ -102,7 +107,8 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         with self._lock:
-            return SchedulerStats(len(self._running), len(self._waiting), self.max_running, self.max_waiting)
+            return SchedulerStats(len(self._running), len(self._waiting), self.max_running, self.max_waiting,
+                                  len(self._aborting))
 
     @property
     def has_work(self) -> bool:

@@ -170,3 +170,9 @@ def expired_leases(log: str) -> list[str]:
 def running_or_waiting(url: str) -> int:
     """Requests running or waiting on every model (``/health``)."""
     return sum(m["running"] + m["waiting"] for m in httpx.get(url + "/health", timeout=30).json()["models"])
+
+
+def not_aborted(url: str) -> int:
+    """Requests running or waiting that were not aborted (``/health``: running - aborting +
+    waiting); an aborted one still runs until the engine's step in flight ends."""
+    return sum(m["running"] - m["aborting"] + m["waiting"] for m in httpx.get(url + "/health", timeout=30).json()["models"])
