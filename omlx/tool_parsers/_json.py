@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from omlx.tool_parsers.base import NEED_MORE, RawCall, Scan, is_name
+from omlx.tool_parsers.base import FAIL, NEED_MORE, RawCall, Scan, is_name, skip_ws
 
 _SPECIAL = re.compile(r'[{}\[\]"]')
 # One escape inside a JSON string: valid ones are kept, any other backslash is doubled.
@@ -113,6 +113,24 @@ def loads_span(buf: str, start: int, end: int, memo: dict[Any, Any]) -> Any:
     if not ok:
         raise ValueError(value)
     return value
+
+
+def json_object_at(buf: str, i: int, memo: dict[Any, Any]) -> tuple[dict[str, Any], int] | Scan:
+    """The JSON object starting at ``buf[i]`` (after whitespace) and the index after it;
+    NEED_MORE while it may still be arriving, FAIL when it is not a JSON object."""
+    i = skip_ws(buf, i)
+    if i == len(buf):
+        return NEED_MORE
+    if buf[i] != "{":
+        return FAIL
+    end = find_json_end(buf, i, memo)
+    if isinstance(end, Scan):
+        return end
+    try:
+        args = loads_span(buf, i, end, memo)
+    except ValueError:
+        return FAIL
+    return (args, end) if isinstance(args, dict) else FAIL
 
 
 def arguments_object(value: Any) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omlx.tool_parsers._json import find_json_end, loads_span
+from omlx.tool_parsers._json import json_object_at
 from omlx.tool_parsers.base import (
     FAIL,
     NEED_MORE,
@@ -41,22 +41,6 @@ SEP = "<｜tool▁sep｜>"
 FENCE = "```"
 
 
-def _json_object(buf: str, i: int, memo: dict[Any, Any]) -> tuple[dict[str, Any], int] | Scan:
-    i = skip_ws(buf, i)
-    if i == len(buf):
-        return NEED_MORE
-    if buf[i] != "{":
-        return FAIL
-    end = find_json_end(buf, i, memo)
-    if isinstance(end, Scan):
-        return end
-    try:
-        args = loads_span(buf, i, end, memo)
-    except ValueError:
-        return FAIL
-    return (args, end) if isinstance(args, dict) else FAIL
-
-
 def _v3_body(buf: str, i: int, memo: dict[Any, Any]) -> tuple[str, dict[str, Any], int] | Scan:
     """``NAME\\n```json\\n{...}\\n```"`` after the separator; returns name, args, index after."""
     newline = find_from(buf, "\n", i, memo)
@@ -71,7 +55,7 @@ def _v3_body(buf: str, i: int, memo: dict[Any, Any]) -> tuple[str, dict[str, Any
     lang = expect(buf, j, "json")
     if lang is NEED_MORE:
         return NEED_MORE
-    parsed = _json_object(buf, lang if isinstance(lang, int) else j, memo)
+    parsed = json_object_at(buf, lang if isinstance(lang, int) else j, memo)
     if isinstance(parsed, Scan):
         return parsed
     close = expect(buf, skip_ws(buf, parsed[1]), FENCE)
@@ -106,7 +90,7 @@ class DeepSeek(Dialect):
             if head == "function" and buf[k] != "{":  # V3: the type, then the name
                 body = _v3_body(buf, k, ctx.memo)
             else:  # V3.1: the name, then the JSON arguments
-                parsed = _json_object(buf, k, ctx.memo)
+                parsed = json_object_at(buf, k, ctx.memo)
                 body = parsed if isinstance(parsed, Scan) else (head, parsed[0], parsed[1])
             if isinstance(body, Scan):
                 return body

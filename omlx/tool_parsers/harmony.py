@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from omlx.tool_parsers._json import find_json_end, loads_span
+from omlx.tool_parsers._json import json_object_at
 from omlx.tool_parsers.base import (
     FAIL,
     NEED_MORE,
@@ -114,20 +114,10 @@ class Harmony(Dialect):
         name = _tool_name(recipient)
         if not is_name(name):
             return FAIL
-        i = skip_ws(buf, body)
-        if i == len(buf):
-            return NEED_MORE
-        if buf[i] != "{":
-            return FAIL
-        end = find_json_end(buf, i, ctx.memo)
-        if isinstance(end, Scan):
-            return end
-        try:
-            args = loads_span(buf, i, end, ctx.memo)
-        except ValueError:
-            return FAIL
-        if not isinstance(args, dict):
-            return FAIL
+        obj = json_object_at(buf, body, ctx.memo)
+        if isinstance(obj, Scan):
+            return obj
+        args, end = obj
         call = [RawCall(name, args)]
         j = skip_ws(buf, end)
         for stop in ENDS:
