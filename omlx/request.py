@@ -29,6 +29,23 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Constraint:
+    """What a request's output must be, enforced token by token (constrained decoding).
+
+    Attributes:
+        grammar: an llguidance grammar (JSON text), validated for the model it was built for
+            (`omlx.engine.grammar.Grammars`).
+        label: what it enforces, for logs ("json_object", "json_schema 'person'", "tool call").
+        start_after: token ids after which the constraint starts (the end of a reasoning block
+            the prompt opened); empty: from the first generated token.
+    """
+
+    grammar: str
+    label: str
+    start_after: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Per-request sampling settings (OpenAI/Anthropic names mapped here once).
 
@@ -45,6 +62,8 @@ class SamplingParams:
         logit_bias: token id -> additive bias in [-100, 100].
         logprobs: return the sampled token's log-probability.
         top_logprobs: also return this many alternatives per position (0-20).
+        constraint: the grammar the output must follow (structured outputs, forced tool
+            calls), or None.
     """
 
     max_tokens: int = 256
@@ -60,6 +79,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    constraint: Constraint | None = None
 
     @property
     def greedy(self) -> bool:

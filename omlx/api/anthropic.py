@@ -34,7 +34,8 @@ from sanic import json as json_response
 
 from omlx.api.anthropic_framing import MessageBuilder, SseEvent, scale_tokens, to_sse
 from omlx.api.holds import holding, holds_of
-from omlx.api.params import get_bool, get_float, get_int, get_list, get_str, parse_json_object, require_tool_dialect
+from omlx.api.params import get_bool, get_float, get_int, get_list, get_str, parse_json_object
+from omlx.api.structured import forced_tool_call
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
 from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta
 from omlx.engine.chat import RenderedPrompt, render_prompt
@@ -348,6 +349,7 @@ class _Prepared:
     scale: float
     think: tuple[str, str] | None
     in_reasoning: bool
+    tool_dialect: str | None = None  # parses the tool calls: the model's, or a forced call's format
 
 
 def _chat_for(body: dict[str, Any], entry: PoolEntry, max_tokens: int | None) -> ChatInput:
@@ -374,8 +376,6 @@ def _prepare(http: HttpRequest) -> _Prepared:
     entry = holds.chat_entry(model_name)
     chat = _chat_for(body, entry, max_tokens)
     tc = body.get("tool_choice")
-    if chat.tools and isinstance(tc, dict) and tc.get("type") in ("any", "tool"):
-        require_tool_dialect(entry.tool_dialect, model_name, repr(tc["type"]))
     d = entry.settings  # the model's [models."<id>"] defaults, with the request's profile laid over them
     sampling_fields = dict(
         temperature=get_float(body, "temperature", _or(d.default_temperature, 1.0), lo=0.0, hi=1.0),
@@ -392,13 +392,17 @@ def _prepare(http: HttpRequest) -> _Prepared:
     room = entry.loaded.context_length - len(prompt_ids)
     if d.max_output_tokens:
         room = min(room, d.max_output_tokens)
-    sampling = SamplingParams(max_tokens=min(max_tokens, room), **sampling_fields)
+    think = entry.think if chat.enable_thinking else None
+    in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
+    constraint, dialect = None, entry.tool_dialect
+    if chat.tools and isinstance(tc, dict) and tc.get("type") in ("any", "tool"):
+        constraint, dialect = forced_tool_call(entry, chat.tools, tc.get("name") if tc["type"] == "tool" else None,
+                                               param="tool_choice", think=think, in_reasoning=in_reasoning)
+    sampling = SamplingParams(max_tokens=min(max_tokens, room), constraint=constraint, **sampling_fields)
     req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling, request_id=holds.request_id)
     logger.debug("messages %s: model %s, %d prompt tokens, max_tokens %d, stream %s", req.request_id,
                  model_name, len(prompt_ids), sampling.max_tokens, stream)
-    think = entry.think if chat.enable_thinking else None
-    in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
-    return _Prepared(entry, req, model_name, stream, chat, scale, think, in_reasoning)
+    return _Prepared(entry, req, model_name, stream, chat, scale, think, in_reasoning, dialect)
 
 
 # ---- routes ----------------------------------------------------------------------------------
@@ -422,7 +426,7 @@ async def create_message(http: HttpRequest):
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
     # a full queue raises RateLimitError here: a 429 with retry-after, before any SSE
-    turn = holds.start(ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.chat.tools, think=p.think,
+    turn = holds.start(ModelTurn(es, tool_dialect=p.tool_dialect, tools=p.chat.tools, think=p.think,
                                  in_reasoning=p.in_reasoning))
     await holds.checkpoint("submitted")
     builder = MessageBuilder(p.model_name, p.request.num_prompt_tokens, scale=p.scale,

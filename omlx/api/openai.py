@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from urllib.parse import unquote
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sanic import Blueprint
@@ -31,10 +31,10 @@ from omlx.api.params import (
     get_stop,
     get_str,
     parse_json_object,
-    require_tool_dialect,
 )
 from omlx.api.openai_framing import ChunkFramer, finish_reason, legacy_logprobs, logprob_json, usage_json
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
+from omlx.api.structured import forced_tool_call, response_format, strict_tool_calls
 from omlx.api.turn import ModelTurn
 from omlx.engine.chat import render_prompt
 from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
@@ -169,6 +169,7 @@ class _Prepared:
     tools: list[dict[str, Any]] | None = None
     think: tuple[str, str] | None = None
     in_reasoning: bool = False
+    tool_dialect: str | None = None  # parses the tool calls: the model's, or a forced call's format
 
 
 def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
@@ -178,12 +179,11 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
     model_name = get_str(body, "model")
     entry = holds.chat_entry(model_name)
     tok = entry.loaded.tokenizer
+    dialect = entry.tool_dialect
     if chat:
         messages = _validate_messages(get_list(body, "messages", non_empty=True))
         tools = validate_tools(get_list(body, "tools", None))
         tool_choice = validate_tool_choice(body.get("tool_choice"), tools)
-        if tool_choice == "required" or isinstance(tool_choice, dict):
-            require_tool_dialect(entry.tool_dialect, model_name, "required" if tool_choice == "required" else "function")
         ctk = body.get("chat_template_kwargs")
         if ctk is not None and not isinstance(ctk, dict):
             raise InvalidRequestError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
@@ -199,6 +199,14 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
         parse_tools = tools if (tools and tool_choice != "none") else None
         think = entry.think if thinking is not False else None
         in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
+        if tools and (tool_choice == "required" or isinstance(tool_choice, dict)):
+            only = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+            constraint, dialect = forced_tool_call(entry, tools, only, param="tool_choice", think=think,
+                                                   in_reasoning=in_reasoning)
+        else:
+            constraint = response_format(entry, body.get("response_format"), think=think, in_reasoning=in_reasoning)
+            if constraint is None and parse_tools:
+                constraint = strict_tool_calls(entry, parse_tools, request_id=holds.request_id)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -214,14 +222,15 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
         else:
             raise InvalidRequestError("'prompt' must be a non-empty string or an array of token ids (one prompt per request)", param="prompt")
         parse_tools, think, in_reasoning = None, None, False
+        constraint = response_format(entry, body.get("response_format"))
     stream = get_bool(body, "stream", False)
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise InvalidRequestError("'stream_options' must be an object", param="stream_options")
     include_usage = bool(so and so.get("include_usage") is True)
-    sampling = sampling_from_openai(body, entry, len(prompt_ids), chat=chat)
+    sampling = replace(sampling_from_openai(body, entry, len(prompt_ids), chat=chat), constraint=constraint)
     req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling, request_id=holds.request_id)
-    return _Prepared(entry, req, model_name, stream, include_usage, parse_tools, think, in_reasoning)
+    return _Prepared(entry, req, model_name, stream, include_usage, parse_tools, think, in_reasoning, dialect)
 
 
 @bp.route("/models", methods=["GET", "HEAD"])  # HEAD: the GET without its body
@@ -260,7 +269,7 @@ async def _serve(http: HttpRequest, *, chat: bool):
     await holds.checkpoint("prepared")
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
-    turn = holds.start(ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.tools, think=p.think,
+    turn = holds.start(ModelTurn(es, tool_dialect=p.tool_dialect, tools=p.tools, think=p.think,
                                  in_reasoning=p.in_reasoning))
     await holds.checkpoint("submitted")
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]

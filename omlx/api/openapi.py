@@ -44,6 +44,14 @@ _SAMPLING = {
     "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
 }
 
+_RESPONSE_FORMAT = {
+    "type": "object", "required": ["type"],
+    "description": "structured outputs, enforced by constrained decoding (llguidance); a schema it cannot "
+                   "enforce is a 400 naming the keyword",
+    "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                   "json_schema": {"type": "object", "required": ["schema"],
+                                   "properties": {"name": _STR, "description": _STR, "schema": _OBJ, "strict": _BOOL}}},
+}
 _OPENAI_TOOL = {
     "type": "object", "required": ["type", "function"],
     "properties": {"type": {"const": "function"},
@@ -89,6 +97,7 @@ SCHEMAS: dict[str, Any] = {
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "tools": {"type": "array", "items": _OPENAI_TOOL},
             "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
+            "response_format": _RESPONSE_FORMAT,
             "chat_template_kwargs": _OBJ,
             "reasoning_effort": {"enum": list(REASONING_EFFORTS)},
             **_SAMPLING,
@@ -103,6 +112,7 @@ SCHEMAS: dict[str, Any] = {
             "max_tokens": {"type": "integer", "minimum": 1},
             "stop": _STOP4,
             "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
+            "response_format": _RESPONSE_FORMAT,
             **_SAMPLING,
         },
     },

@@ -169,18 +169,3 @@ def get_effort(value: Any, param: str) -> str | None:
     if value not in REASONING_EFFORTS:
         raise InvalidRequestError(f"'{param}' must be one of {', '.join(REASONING_EFFORTS)}; got {value!r}", param=param)
     return value
-
-
-def require_tool_dialect(dialect: str | None, model: str, choice: str, param: str = "tool_choice") -> None:
-    """A request that forces a tool call (OpenAI ``required`` or a named function; Anthropic
-    ``any`` or ``tool``) needs a model whose tool-call format omlx can parse.
-
-    Raises:
-        InvalidRequestError: ``dialect`` is None; with ``tools`` and ``auto`` the model may
-            still answer in text, but a forced call could only come back as plain text.
-    """
-    if dialect is None:
-        raise InvalidRequestError(
-            f"{param} {choice} forces a tool call, but model {model!r} has no tool-call format omlx can parse "
-            "(none was detected from its chat template and none is configured as tool_dialect): its reply "
-            "would be plain text. Use tool_choice auto, or a model with tool calling", param=param)

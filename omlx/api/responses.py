@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable
 
 from sanic import Blueprint
@@ -27,7 +27,8 @@ from sanic import json as json_response
 
 from omlx.api.holds import holding, holds_of
 from omlx.api.openai import logprob_json, sampling_from_openai
-from omlx.api.params import get_bool, get_effort, get_int, get_list, get_str, parse_json_object, require_tool_dialect
+from omlx.api.params import get_bool, get_effort, get_int, get_list, get_str, parse_json_object
+from omlx.api.structured import forced_tool_call, strict_tool_calls, text_format
 from omlx.api.responses_framing import ResponseBuilder, new_id
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_event
 from omlx.api.turn import ContentDelta, ModelTurn
@@ -152,6 +153,7 @@ def flatten_tools(tools: list[Any], *, param: str = "tools") -> tuple[list[dict[
             "name": flat,
             "description": fn.get("description") or "",
             "parameters": params if isinstance(params, dict) else {"type": "object", "properties": {}},
+            **({"strict": True} if fn.get("strict") is True else {}),  # enforced by constrained decoding
         }})
 
     for i, tool in enumerate(tools):
@@ -171,7 +173,7 @@ def flatten_tools(tools: list[Any], *, param: str = "tools") -> tuple[list[dict[
 def _choose_tools(chat_tools: list[dict[str, Any]], choice: Any) -> list[dict[str, Any]]:
     """Apply ``tool_choice``: none -> no tools; a named function or ``allowed_tools`` -> those only.
 
-    ``required`` cannot be enforced by sampling here; it is treated as ``auto``.
+    ``required`` keeps every tool (the call itself is forced by constrained decoding).
     """
     if choice is None or choice in ("auto", "required"):
         return chat_tools
@@ -311,6 +313,7 @@ class _Prepared:
     in_reasoning: bool
     input_items: list[dict[str, Any]]
     want_logprobs: bool
+    tool_dialect: str | None = None  # parses the tool calls: the model's, or a forced call's format
 
 
 def _sampling(body: dict[str, Any], entry: PoolEntry, num_prompt_tokens: int, want_logprobs: bool) -> SamplingParams:
@@ -375,9 +378,8 @@ def _prepare(http: HttpRequest) -> _Prepared:
     chat_tools, names = flatten_tools([*tools, *extra])
     choice = body.get("tool_choice")
     chat_tools = _choose_tools(chat_tools, choice)
-    if chat_tools and (choice == "required" or (isinstance(choice, dict) and (
-            choice.get("type") == "function" or choice.get("mode") == "required"))):
-        require_tool_dialect(entry.tool_dialect, model_name, "required" if choice == "required" else str(choice.get("type")))
+    forced = bool(chat_tools and (choice == "required" or (isinstance(choice, dict) and (
+        choice.get("type") == "function" or choice.get("mode") == "required"))))
     parallel = get_bool(body, "parallel_tool_calls", True)
     stream = get_bool(body, "stream", False)
     store = get_bool(body, "store", True)
@@ -404,7 +406,15 @@ def _prepare(http: HttpRequest) -> _Prepared:
     think = entry.think if thinking is not False else None
     in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
     want_logprobs = _LOGPROBS_INCLUDE in include or bool(body.get("top_logprobs"))
-    sampling = _sampling(body, entry, len(rendered.token_ids), want_logprobs)
+    dialect = entry.tool_dialect
+    if forced:
+        constraint, dialect = forced_tool_call(entry, chat_tools, None, param="tool_choice", think=think,
+                                               in_reasoning=in_reasoning)
+    else:
+        constraint = text_format(entry, body.get("text"), think=think, in_reasoning=in_reasoning)
+        if constraint is None and chat_tools:
+            constraint = strict_tool_calls(entry, chat_tools, request_id=holds.request_id)
+    sampling = replace(_sampling(body, entry, len(rendered.token_ids), want_logprobs), constraint=constraint)
     request = Request(model=entry.loaded.model_id, prompt_token_ids=rendered.token_ids, sampling=sampling,
                       request_id=holds.request_id)
 
@@ -421,7 +431,8 @@ def _prepare(http: HttpRequest) -> _Prepared:
         "metadata": metadata or {},
     }
     builder = ResponseBuilder(response, tool_names=names, parallel_tool_calls=parallel)
-    return _Prepared(entry, request, stream, store, builder, chat_tools, think, in_reasoning, all_items, want_logprobs)
+    return _Prepared(entry, request, stream, store, builder, chat_tools, think, in_reasoning, all_items, want_logprobs,
+                     dialect)
 
 
 # --------------------------------------------------------------------------- routes
@@ -439,7 +450,7 @@ async def create_response(http: HttpRequest):
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
     # a full queue raises here, before any header: HTTP 429
-    turn = holds.start(ModelTurn(es, tool_dialect=p.entry.tool_dialect, tools=p.parse_tools, think=p.think,
+    turn = holds.start(ModelTurn(es, tool_dialect=p.tool_dialect, tools=p.parse_tools, think=p.think,
                                  in_reasoning=p.in_reasoning))
     await holds.checkpoint("submitted")
     if p.stream:

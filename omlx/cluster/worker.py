@@ -155,6 +155,10 @@ class ClusterEngine(Engine):
         Others as ``Engine``.
     """
 
+    #: Constrained decoding is not replayed on the followers' runners (their samplers would need
+    #: rank 0's grammar state): the API refuses such requests with a 400 in cluster mode.
+    supports_constraints = False
+
     def __init__(self, model_id: str, stage: StageModel, tokenizer: Any, *, scheduler: Any,
                  group: ClusterGroup, timeout_s: float, state: dict[str, Any], seed: int,
                  prefill_step_size: int = 2048, block_size: int = 256, prefix_cache: Any = None,

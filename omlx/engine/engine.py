@@ -29,6 +29,7 @@ from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor
+from omlx.engine.grammar import GrammarMatcher, Grammars
 from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.progress import PrefillRate, PrefillStatus, prefill_rate, warn_if_slow
 from omlx.engine.runner import BatchRunner, StepSizes, measured_step_sizes
@@ -100,6 +101,7 @@ class _Running:
     sampler: Any = None
     processors: list[Any] = field(default_factory=list)
     generated_ids: list[int] = field(default_factory=list)  # kept so a retry can resume
+    grammar: GrammarMatcher | None = None  # constrained decoding
     num_retries: int = 0
     # Prompt tokens the current insert prefills (uncached ones; all of them after a batch
     # retry) and the runner's progress count of that insert: `request.num_prefilled_tokens`.
@@ -156,6 +158,9 @@ class Engine:
             `CacheSpec.make_cache` of the quantized layout); None = mlx-lm's ``make_prompt_cache``.
     """
 
+    #: Requests may carry a `Constraint` (structured outputs, forced tool calls).
+    supports_constraints = True
+
     def __init__(
         self,
         model_id: str,
@@ -185,6 +190,7 @@ class Engine:
         self.measure_steps = measure_steps
         self.make_cache = make_cache
         self.step_sizes: StepSizes | None = None
+        self._grammars: Grammars | None = None
         self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
         self._eos = frozenset(tokenizer.eos_token_ids)
         self._sinks: dict[str, Sink] = {}
@@ -305,7 +311,18 @@ class Engine:
             on_prefill_chunk=hook,
             hold_last_token=self._hold_last_token(),
             make_cache=self.make_cache,
+            grammars=self._grammars,
         )
+
+    @property
+    def grammars(self) -> Grammars:
+        """Constrained-decoding grammars for this model (built on first use, any thread)."""
+        if self._grammars is None:
+            vocab = getattr(getattr(self.model, "args", None), "vocab_size", None) or len(self.tokenizer)
+            self._grammars = Grammars(self.tokenizer, vocab)
+            if self._gen is not None:
+                self._gen.grammars = self._grammars
+        return self._grammars
 
     def _measure_steps(self) -> None:
         """Pick the prefill chunk sizes for this model on this device (engine thread, once)."""
@@ -451,12 +468,15 @@ class Engine:
         if remaining <= 0:
             self._finish(st, "length", remove=False, prompt_cache=None, all_tokens=None)
             return
+        if st.grammar is not None:  # the failed step may have consumed a token never emitted
+            st.grammar.rewind(len(st.generated_ids))
         (uid,) = self._gen.insert_segments(
             [[tokens]],
             max_tokens=[remaining],
             samplers=[st.sampler],
             logits_processors=[st.processors],
             stop_sequences=[self._stop_sequences],
+            grammars=[st.grammar],
         )
         st.uid = uid
         st.num_prompt_to_prefill, st.num_insert_prefilled = st.request.num_prompt_tokens, 0
@@ -524,8 +544,10 @@ class Engine:
             procs = [*procs, failing_processor]
         procs = [_guard_processor(rid, f, self._faults) for f in procs]
         sampler = _guard_sampler(rid, make_sampler(p), self._faults)
+        grammar = self.grammars.matcher(p.constraint) if p.constraint is not None else None
         pc = self.prefix_cache
-        first = pc.next_logprobs(tokens) if pc is not None and not procs else None
+        # A processor or a grammar changes the first token's log-probabilities: no stored ones.
+        first = pc.next_logprobs(tokens) if pc is not None and not procs and grammar is None else None
         lease = pc.acquire(tokens, whole=first is not None, materialize=False) if pc is not None else None
         try:
             if lease is not None and first is not None and lease.num_cached_tokens == len(tokens):
@@ -544,6 +566,7 @@ class Engine:
                 samplers=[sampler],
                 logits_processors=[procs],
                 stop_sequences=[self._stop_sequences],
+                grammars=[grammar],
             )
         except Exception:
             if lease is not None and not lease.released:  # type: ignore[attr-defined]
@@ -559,6 +582,7 @@ class Engine:
             num_cached_tokens_cold=lease.num_cached_tokens_cold if lease is not None else 0,
             sampler=sampler,
             processors=procs,
+            grammar=grammar,
             num_prompt_to_prefill=len(tokens) - num_cached,
         ))
 
@@ -636,7 +660,7 @@ class Engine:
         now = time.monotonic()
         if st.first_token_s is None:
             st.first_token_s = now
-            if not st.processors and self.prefix_cache is not None:
+            if not st.processors and st.grammar is None and self.prefix_cache is not None:
                 st.first_logprobs = r.logprobs
             self._observe_prefill(st, now)
         is_eos = r.finish_reason == "stop"
@@ -776,6 +800,10 @@ class Engine:
         self._by_rid.pop(st.request.request_id, None)
         if remove:
             self._gen.remove([st.uid])
+        if reason == "length" and st.grammar is not None and not st.grammar.complete:
+            logger.warning("request %s reached max_tokens (%d) inside its constrained output (%s): the output is "
+                           "cut short and does not parse; finish_reason is 'length'", st.request.request_id,
+                           st.request.sampling.max_tokens, st.grammar.constraint.label)
         tail = st.output.finish() if reason != "abort" else ""
         ids, lps = st.output.take_tokens()
         if tail or (ids and st.request.sampling.logprobs):

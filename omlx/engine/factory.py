@@ -116,7 +116,8 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")
     if entry.tool_dialect is None:
         logger.warning("%s: no tool-call format detected in its chat template (set tool_dialect in [models.\"%s\"] "
-                       "if it has one): requests with tools get text answers, and a forced tool call is a 400",
+                       "if it has one): with tool_choice auto its answers are text; a forced tool call (required, a "
+                       "named tool, Anthropic any/tool) is written as a JSON call by constrained decoding",
                        model_id, model_id)
     if warmup:
         t0 = time.monotonic()

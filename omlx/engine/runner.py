@@ -42,6 +42,7 @@ from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.cache_spec import freeze
+from omlx.engine.grammar import GrammarMatcher, Grammars, mask_logits
 
 logger = logging.getLogger(__name__)
 
@@ -108,17 +109,26 @@ class _Seq:
     processors: tuple[Processor, ...]
     matcher: Any  # mlx-lm StopSequences.Matcher
     context: TokenBuffer | None = None  # tokens seen by the processors
+    grammar: GrammarMatcher | None = None  # constrained decoding (structured outputs)
     num_generated: int = 0
     first: tuple[mx.array, mx.array] | None = None  # (token (1,), logprobs (1, V))
 
 
-def _sample(seqs: Sequence[_Seq], logits: mx.array, inputs: mx.array | None) -> tuple[mx.array, mx.array]:
-    """Processors, log-softmax and sampling for rows ``seqs`` of ``logits`` (B, V).
+def _sample(seqs: Sequence[_Seq], logits: mx.array, inputs: mx.array | None,
+            grammars: Grammars | None = None) -> tuple[mx.array, mx.array]:
+    """Grammar masks, processors, log-softmax and sampling for rows ``seqs`` of ``logits`` (B, V).
 
-    ``inputs`` (B,) are the tokens just fed (added to each processor context); None for a
-    prompt's last chunk, whose context already holds the prompt. Returns (tokens (B,),
-    logprobs (B, V)).
+    ``inputs`` (B,) are the tokens just fed (added to each processor context and consumed by
+    each grammar); None for a prompt's last chunk, whose context already holds the prompt.
+    Returns (tokens (B,), logprobs (B, V)).
     """
+    if grammars is not None and any(s.grammar is not None for s in seqs):
+        mx.async_eval(logits)  # the forward runs while the host reads inputs and builds the masks
+        if inputs is not None:
+            for s, t in zip(seqs, inputs.tolist()):
+                if s.grammar is not None:
+                    s.grammar.consume(t)
+        logits = mask_logits(logits, [s.grammar for s in seqs], grammars)
     if any(s.processors for s in seqs):
         rows = []
         for i, s in enumerate(seqs):
@@ -157,12 +167,14 @@ class BatchRunner:
         make_cache: fresh per-layer batch-1 caches for a new sequence (default mlx-lm's
             ``make_prompt_cache(model)``; ``--kv-bits`` passes `CacheSpec.make_cache`, whose
             attention layers are `omlx.engine.quant_cache.QuantKVCache`).
+        grammars: the model's `Grammars`, needed for sequences inserted with a grammar matcher
+            (constrained decoding); None when none will be.
     """
 
     def __init__(self, model: Any, *, stop_tokens: Sequence[Sequence[int]], prefill_step_size: int = 2048,
                  mixed_step_size: int | None = None, block_size: int = 256,
                  on_prefill_chunk: ChunkHook | None = None, stream: Any = None, hold_last_token: bool = False,
-                 make_cache: Callable[[], list[Any]] | None = None):
+                 make_cache: Callable[[], list[Any]] | None = None, grammars: Grammars | None = None):
         from mlx_lm.generate import StopSequences
 
         self.model = model
@@ -172,6 +184,7 @@ class BatchRunner:
         self.on_prefill_chunk = on_prefill_chunk
         self.hold_last_token = hold_last_token
         self._make_cache = make_cache or (lambda: make_prompt_cache(model))
+        self.grammars = grammars
         self._stream = stream or generation_stream
         self._default_stops = StopSequences(list(stop_tokens) or None)
         self._next_uid = 0
@@ -205,6 +218,7 @@ class BatchRunner:
         samplers: list[Sampler | None] | None = None,
         logits_processors: list[list[Processor]] | None = None,
         stop_sequences: list[Any] | None = None,
+        grammars: list[GrammarMatcher | None] | None = None,
     ) -> list[int]:
         """Queue sequences for prefill.
 
@@ -216,16 +230,21 @@ class BatchRunner:
                 or None for fresh ones.
             all_tokens: per sequence, the tokens those caches hold.
             samplers, logits_processors, stop_sequences: per sequence (mlx-lm's kinds).
+            grammars: per sequence, its grammar matcher (constrained decoding) or None; the
+                runner must have been given ``grammars``.
 
         Returns:
             The new sequences' uids.
 
         Raises:
-            ValueError: an empty prompt, ``max_tokens <= 0`` or option lists of the wrong length.
+            ValueError: an empty prompt, ``max_tokens <= 0``, option lists of the wrong length, or
+                a grammar matcher without the runner's ``grammars``.
         """
         n = len(segments)
         opts = {"max_tokens": max_tokens, "caches": caches, "all_tokens": all_tokens, "samplers": samplers,
-                "logits_processors": logits_processors, "stop_sequences": stop_sequences}
+                "logits_processors": logits_processors, "stop_sequences": stop_sequences, "grammars": grammars}
+        if grammars and any(g is not None for g in grammars) and self.grammars is None:
+            raise ValueError("a sequence has a grammar matcher, but this runner was made without grammars")
         for k, v in opts.items():
             if v is not None and len(v) != n:
                 raise ValueError(f"option {k} must have one entry per sequence: expected {n}, got {len(v)}")
@@ -244,7 +263,7 @@ class BatchRunner:
             stops = (stop_sequences[i] if stop_sequences else None) or self._default_stops
             new.append(_Seq(uid=self._next_uid + i, cache=cache, tokens=prefix, pending=prompt,
                             num_prompt=len(prompt), max_tokens=m, sampler=sampler, processors=procs,
-                            matcher=stops.matcher()))
+                            matcher=stops.matcher(), grammar=grammars[i] if grammars else None))
         self._next_uid += n
         self._prefill.extend(new)
         return [s.uid for s in new]
@@ -323,7 +342,7 @@ class BatchRunner:
             if y_in is not None:
                 # Queue the step that feeds y_in before the host reads it (pipelining).
                 logits = self.model(y_in[:, None], cache=self._cache)[:, -1, :]
-                self._y, self._lp = _sample(self._rows, logits, y_in)
+                self._y, self._lp = _sample(self._rows, logits, y_in, self.grammars)
                 mx.async_eval(self._y, self._lp)
             prompt_resps = self._prefill_chunk() if self._prefill else []
             gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
@@ -364,7 +383,7 @@ class BatchRunner:
         logits = self.model(x, cache=s.cache)[:, -1, :]
         if s.processors:
             s.context = TokenBuffer(s.tokens)
-        y, lp = _sample([s], logits, None)
+        y, lp = _sample([s], logits, None, self.grammars)
         mx.async_eval(y, lp)
         self._report(s, len(s.tokens))
         self._prefill.popleft()

@@ -109,24 +109,38 @@ _RESP_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": 
 _ANTH_TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
 
 
+_UNENFORCEABLE = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+
+
 @pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": "required"}),
-    ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-    ("/v1/responses", {"tools": [_RESP_TOOL], "tool_choice": "required"}),
-    ("/v1/responses", {"tools": [_RESP_TOOL], "tool_choice": {"type": "function", "name": "get_weather"}}),
-    ("/v1/messages", {"tools": [_ANTH_TOOL], "tool_choice": {"type": "any"}}),
-    ("/v1/messages", {"tools": [_ANTH_TOOL], "tool_choice": {"type": "tool", "name": "get_weather"}}),
-], ids=["chat-required", "chat-named", "responses-required", "responses-named", "messages-any", "messages-tool"])
-def test_a_forced_tool_call_on_a_model_without_a_tool_format_is_400(server, path, body):
-    """SmolLM2's template has no tool-call format: a forced call could only come back as text."""
-    base = _minimal(path)
-    r = _post(server, path, {**base, **body})
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "tag", "parameters": _UNENFORCEABLE}}],
+                              "tool_choice": "required"}),
+    ("/v1/responses", {"tools": [{"type": "function", "name": "tag", "parameters": _UNENFORCEABLE}], "tool_choice": "required"}),
+    ("/v1/messages", {"tools": [{"name": "tag", "input_schema": _UNENFORCEABLE}], "tool_choice": {"type": "any"}}),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": _UNENFORCEABLE}}}),
+    ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": _UNENFORCEABLE}}}),
+    ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "t", "schema": _UNENFORCEABLE}}}),
+], ids=["chat-forced", "responses-forced", "messages-any", "chat-schema", "completions-schema", "responses-schema"])
+def test_a_schema_constrained_decoding_cannot_enforce_is_400_naming_the_keyword(server, path, body):
+    """Never silently unconstrained: the 400 names the keyword llguidance does not implement."""
+    r = _post(server, path, {**_minimal(path), **body})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert "no tool-call format" in err["message"] and MODEL_ID in err["message"], err
-    # auto stays allowed: the model may answer in text
-    auto = {"type": "auto"} if path == "/v1/messages" else "auto"
-    assert _post(server, path, {**base, **body, "tool_choice": auto}).status_code == 200
+    assert "uniqueItems" in err["message"], err
+    assert _post(server, path, _minimal(path)).status_code == 200  # the server goes on
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"response_format": "json"}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}}, "response_format.json_schema.schema"),
+], ids=["not-object", "unknown-type", "no-json-schema", "no-schema", "schema-not-object"])
+def test_a_malformed_response_format_is_400_naming_it(server, body, param):
+    r = _post(server, "/v1/chat/completions", {**_minimal("/v1/chat/completions"), **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()
 
 
 @pytest.mark.parametrize("path,body,param", [

@@ -65,3 +65,42 @@ def test_responses_function_call(qwen):
     calls = [o for o in r.output if o.type == "function_call"]
     assert calls and calls[0].name == "get_weather"
     assert "paris" in json.loads(calls[0].arguments)["city"].lower()
+
+
+# ---- constrained decoding in the model's own format (issue 21) ----------------------------
+
+STRICT_TOOL = {"type": "function", "function": {**TOOL["function"], "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+CHAT_ONLY = [{"role": "user", "content": "Say hello."}]
+
+
+def test_a_forced_call_is_written_in_hermes_format_and_parsed_back(qwen):
+    """A prompt that would not call on its own, with tool_choice required: the call comes back as
+    a tool call (written as <tool_call> JSON, parsed by the hermes dialect), streamed as not."""
+    c = openai.OpenAI(base_url=qwen.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    kw = {"model": QWEN_ID, "messages": CHAT_ONLY, "tools": [STRICT_TOOL], "temperature": 0, "max_tokens": 64}
+    free = c.chat.completions.create(**kw)
+    assert not free.choices[0].message.tool_calls  # on its own it answers in text
+    r = c.chat.completions.create(**kw, tool_choice="required")
+    assert r.choices[0].finish_reason == "tool_calls"
+    (call,) = r.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+    chunks = list(c.chat.completions.create(**kw, tool_choice="required", stream=True))
+    streamed = "".join(tc.function.arguments or "" for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or []))
+    assert json.loads(streamed) == args
+    assert "<tool_call>" not in "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+
+def test_strict_tools_in_auto_mode_get_schema_valid_arguments(qwen):
+    """strict: true with tool_choice auto: text stays free, a call's arguments follow the schema
+    (here the enum 'unit', which the model would not add on its own)."""
+    c = openai.OpenAI(base_url=qwen.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    r = c.chat.completions.create(model=QWEN_ID, messages=ASK, tools=[STRICT_TOOL], temperature=0, max_tokens=64)
+    (call,) = r.choices[0].message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit"), args
+    hello = c.chat.completions.create(model=QWEN_ID, messages=CHAT_ONLY, tools=[STRICT_TOOL], temperature=0, max_tokens=16)
+    assert hello.choices[0].message.content and not hello.choices[0].message.tool_calls
