@@ -14,7 +14,7 @@ It answers the routes ``snapshot_download`` and ``hf_hub_download`` call (huggin
 Errors carry the hub's ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``)
 so huggingface_hub raises its own typed errors. Faults: `drop_after` cuts a file's body after N
 bytes (the connection closes mid-file, as a flaky network does); `fail_file` answers 500 for a file.
-Every request is recorded in `requests` (method, path, Range header).
+Every request is recorded in `requests` (method, path, Range header, Authorization header).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class FakeHub:
 
     def __init__(self, repos: list[Repo]):
         self.repos = {r.repo_id: r for r in repos}
-        self.requests: list[tuple[str, str, str | None]] = []
+        self.requests: list[tuple[str, str, str | None, str | None]] = []
         self.drop_after: dict[str, int] = {}  # file path -> bytes sent before the connection is cut
         self.num_drops: dict[str, int] = {}  # file path -> cuts left (default 1 per drop_after entry)
         self.fail_file: set[str] = set()
@@ -110,7 +110,7 @@ class FakeHub:
 
     def gets(self, path: str) -> list[str | None]:
         """The Range headers of each GET of a file (None: the whole file)."""
-        return [rng for m, p, rng in self.requests if m == "GET" and p.endswith("/" + path) and "/resolve/" in p]
+        return [rng for m, p, rng, _ in self.requests if m == "GET" and p.endswith("/" + path) and "/resolve/" in p]
 
     def _handler(self):
         hub = self
@@ -151,7 +151,8 @@ class FakeHub:
             def _route(self) -> None:
                 url = urlsplit(self.path)
                 with hub._lock:
-                    hub.requests.append((self.command, unquote(url.path), self.headers.get("Range")))
+                    hub.requests.append((self.command, unquote(url.path), self.headers.get("Range"),
+                                         self.headers.get("Authorization")))
                 parts = url.path.strip("/").split("/")
                 if parts[:2] == ["api", "models"] and len(parts) == 4:  # model_info without a revision
                     return self._api(f"{parts[2]}/{parts[3]}", "revision", "main")

@@ -244,7 +244,7 @@ def pull(ref: HubRef, cache: Path, *, on_total: Callable[[int], None] | None = N
     from huggingface_hub.hf_api import RepoFile
     from huggingface_hub.utils import filter_repo_objects
 
-    import httpx2
+    import httpx2  # huggingface_hub 2.x's HTTP client (a dependency of it): its connection errors come through
 
     repo_dir = cache / _repo_folder(ref.repo_id)
     if constants.is_offline_mode():

@@ -78,8 +78,9 @@ def _repo_dirs(cache: Path) -> list[str]:
 
 def test_pull_fetches_the_mlx_files_and_reports_size_and_quantization(hub, repo4, tmp_path):
     cache = tmp_path / "hub"
-    r = _pull(REPO_ID, _env(hub.url, cache))
+    r = _pull(REPO_ID, _env(hub.url, cache, HF_TOKEN="hf_test_token"))
     assert r.returncode == 0, _out(r)
+    assert {auth for *_, auth in hub.requests} == {"Bearer hf_test_token"}  # HF_TOKEN goes with every call
     out = _out(r)
     snap = cache / f"models--{REPO_ID.replace('/', '--')}" / "snapshots" / repo4.commit
     assert f"pulled {REPO_ID} (commit {repo4.commit[:12]}, fetched" in out, out
@@ -153,7 +154,7 @@ def test_a_repo_that_is_not_an_mlx_model_is_refused_and_leaves_nothing(hub, tmp_
     assert r.returncode == 1 and why in _out(r), _out(r)
     assert "Traceback" not in r.stderr
     assert _repo_dirs(cache) == []
-    assert not [p for p in hub.requests if "/resolve/" in p[1] and p[1].endswith(("gguf", ".bin", "safetensors"))]
+    assert not [q for q in hub.requests if "/resolve/" in q[1] and q[1].endswith(("gguf", ".bin", "safetensors"))]
 
 
 def _mount_unavailable() -> str | None:
@@ -177,7 +178,7 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(hub, tmp_path):
     out = _out(r)
     assert r.returncode == 1 and f"not enough disk space for {REPO_ID}: it needs 87.8 MB" in out, out
     assert "(nothing was written)" in out and "Traceback" not in out
-    assert not [p for p in hub.requests if "/resolve/" in p[1] and p[0] == "GET" and "safetensors" in p[1]]
+    assert not [q for q in hub.requests if "/resolve/" in q[1] and q[0] == "GET" and "safetensors" in q[1]]
     assert _repo_dirs(cache) == []  # (the tmpfs went with the pull's namespace; under it, the folder is empty too)
 
 
@@ -197,6 +198,12 @@ def test_offline_mode_answers_from_the_cache(pulled_cache, tmp_path):
     assert r.returncode == 0 and "already in the cache" in _out(r), _out(r)
     r = _pull("someone/not-cached", _env(dead, pulled_cache, HF_HUB_OFFLINE="1"))
     assert r.returncode == 1 and "HF_HUB_OFFLINE is set and someone/not-cached is not in the hub cache" in _out(r)
+    # online but the hub is unreachable: a cached model is still fine, another one is a clear error
+    r = _pull(REPO_ID, _env(dead, pulled_cache))
+    assert r.returncode == 0 and "already in the cache" in _out(r), _out(r)
+    r = _pull("someone/not-cached", _env(dead, pulled_cache))
+    assert r.returncode == 1 and "cannot reach http://127.0.0.1:9 to fetch someone/not-cached" in _out(r), _out(r)
+    assert "Traceback" not in r.stderr
 
 
 def _home(tmp_path: Path) -> Path:
@@ -230,6 +237,27 @@ def test_models_list_shows_source_size_quantization_arch_context_and_prefix_cach
     rows = {row["id"]: row for row in json.loads(r.stdout)}
     assert rows["SmolLM2-135M-Instruct"]["source"] == "GGUF import"
     assert rows["SmolLM2-135M-Instruct"]["quantization"] == "float32"
+
+
+def test_the_pool_catalogue_lists_hub_models_and_resolves_them_in_place(pulled_cache, repo4, tmp_path):
+    """`/v1/models` is `EnginePool.listed_ids`: a hub-cache model is listed, and a request naming it
+    resolves to its snapshot folder without anything being copied."""
+    from omlx.config import load_config
+    from omlx.pool import EnginePool
+
+    cfg = load_config({"base_path": str(_home(tmp_path)), "hub_cache_dir": str(pulled_cache)}, env={})
+    pool = EnginePool(cfg, loader=lambda *a: pytest.fail("nothing is loaded here"))
+    try:
+        assert REPO_ID in pool.listed_ids()
+        assert pool.resolve_id(REPO_ID) == REPO_ID
+        path, task = pool._resolve_path(REPO_ID, pool._slots[REPO_ID].source)
+        assert task == "chat" and path == pulled_cache / f"models--{REPO_ID.replace('/', '--')}" / "snapshots" / repo4.commit
+        with pytest.raises(Exception, match="omlx models pull someone/other"):
+            from omlx.engine.loader import resolve_model
+
+            resolve_model("someone/other", cfg.models_dir, hub_cache=pulled_cache)
+    finally:
+        pool.stop()
 
 
 def test_models_rm_removes_what_omlx_owns_and_the_hub_cache_only_when_asked(pulled_cache, tmp_path):
