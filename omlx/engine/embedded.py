@@ -254,7 +254,9 @@ def import_model(path: Path, models_dir: Path, name: str | None = None, *, progr
         models_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{target.name}.", suffix=".gguf.tmp", dir=models_dir) as tmp:
             float_dir = import_gguf(path, Path(tmp) / "float32", progress=progress)
-            return _quantize_into(float_dir, target, quantize, group_size)
+            _quantize_into(float_dir, target, quantize, group_size)
+            shutil.copy2(float_dir / IMPORT_MARKER, target / IMPORT_MARKER)  # it came from this GGUF
+            return target
     if path.is_dir():
         if not _looks_like_mlx_folder(path):
             raise ModelImportError(

@@ -290,6 +290,16 @@ def test_models_import_quantize_uses_mlx_lm_convert(tmp_path):
     assert row["id"] == "smol-8bit" and row["quantization"] == "8-bit, group 64" and row["prefix_cache"] == "on"
     r = runner.invoke(app, ["models", "rm", "smol-8bit", "--base-path", str(home)])
     assert r.exit_code == 0 and not (home / "models" / "smol-8bit").exists()
+    # a GGUF is dequantized by omlx's importer, then quantized by mlx-lm
+    from omlx.engine.embedded import default_model_gguf
+
+    gguf = default_model_gguf(TEST_HOME / "models" / ".cache")
+    r = runner.invoke(app, ["models", "import", str(gguf), "--name", "smol-q4", "--quantize", "4", "--base-path", str(home)])
+    assert r.exit_code == 0 and "quantized to 4 bits" in r.output, r.output
+    r = runner.invoke(app, ["models", "list", "--json", "--base-path", str(home), "--hub-cache-dir", str(tmp_path / "none")])
+    (row,) = json.loads(r.stdout)
+    assert (row["id"], row["source"], row["quantization"]) == ("smol-q4", "GGUF import", "4-bit, group 64")
+    assert not [p for p in (home / "models").iterdir() if p.name.startswith(".")]
 
 
 def test_serve_model_org_name_from_the_hub_cache_with_the_prefix_cache_exact(pulled_cache, tmp_path):
