@@ -232,10 +232,16 @@ class EnginePool:
             return slot
         return None
 
-    def _scan_models_dir(self) -> None:
-        """Add slots for models that appeared in the models dir or the hub cache since the last look."""
+    def _hub_models(self) -> list[Any]:
+        """The hub cache's servable models (`omlx.engine.hub.list_cached`): a scan of its folders, so
+        callers run it before taking the lock and hand it to `_scan_models_dir`."""
         from omlx.engine import hub
 
+        return hub.list_cached(self._hub_cache())
+
+    def _scan_models_dir(self, hub_models: list[Any]) -> None:
+        """Add slots for models that appeared in the models dir or the hub cache (``hub_models``)
+        since the last look. Caller holds the lock."""
         d = self.config.models_dir
         try:
             names = sorted(p.name for p in d.iterdir() if (p / "config.json").is_file())
@@ -244,7 +250,7 @@ class EnginePool:
         for n in names:
             if n not in self._slots:
                 self._discover(n)
-        for m in hub.list_cached(self._hub_cache()):
+        for m in hub_models:
             if m.model_id not in self._slots:
                 self._slots[m.model_id] = _Slot(m.model_id, str(m.path), self._settings(m.model_id))
 
@@ -283,8 +289,9 @@ class EnginePool:
 
     def listed_ids(self) -> list[str]:
         """Every servable id: models (default first), their profiles, then aliases."""
+        hub_models = self._hub_models()
         with self._cond:
-            self._scan_models_dir()
+            self._scan_models_dir(hub_models)
             ids = sorted(self._slots, key=lambda m: (m != self.default_id, m))
             out = list(ids)
             for m in ids:
@@ -846,8 +853,9 @@ class EnginePool:
     def status(self) -> dict[str, Any]:
         """``GET /v1/models/status``: memory figures, every known model, recent loads/unloads."""
         snap = self.enforcer.snapshot()
+        hub_models = self._hub_models()
         with self._cond:
-            self._scan_models_dir()
+            self._scan_models_dir(hub_models)
             models = [self._row(s) for s in sorted(self._slots.values(), key=lambda s: s.model_id)]
             paused = self._paused
         return {

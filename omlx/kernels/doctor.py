@@ -360,7 +360,8 @@ def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
               "caches": caches}
     if missing:
         return Finding("models", "error", f"configured model(s) not found: {', '.join(missing)}",
-                       f"`omlx models import PATH` or fix the model setting (present in {d}: "
+                       f"`omlx models import PATH`, `omlx models pull ORG/NAME` for a Hugging Face repo, "
+                       f"or fix the model setting (present in {d} and the hub cache: "
                        f"{', '.join(present) or 'none'})", detail)
     if not present:
         return Finding("models", "info", f"no models in {d} yet; `omlx serve` imports the default "

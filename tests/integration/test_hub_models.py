@@ -239,6 +239,17 @@ def test_models_list_shows_source_size_quantization_arch_context_and_prefix_cach
     assert rows["SmolLM2-135M-Instruct"]["quantization"] == "float32"
 
 
+def test_serve_model_org_name_not_in_the_cache_says_how_to_pull_it(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "omlx", "serve", "--port", "0", "--base-path", str(tmp_path / "home"),
+                        "--model", "someone/not-pulled"], capture_output=True, text=True, timeout=180,
+                       env=_env("http://127.0.0.1:9", tmp_path / "hub"))
+    out = _out(r)
+    assert r.returncode == 1, out
+    assert (f"The model 'someone/not-pulled' does not exist: it is not in the Hugging Face hub cache ({tmp_path / 'hub'}); "
+            "fetch it with `omlx models pull someone/not-pulled`") in out, out
+    assert "Traceback" not in out
+
+
 def test_the_pool_catalogue_lists_hub_models_and_resolves_them_in_place(pulled_cache, repo4, tmp_path):
     """`/v1/models` is `EnginePool.listed_ids`: a hub-cache model is listed, and a request naming it
     resolves to its snapshot folder without anything being copied."""
