@@ -141,6 +141,8 @@ def import_model_cmd(
     name: Annotated[Optional[str], typer.Option(help="Served id (default: the file or folder name).")] = None,
     quantize: Annotated[Optional[int], typer.Option(help="Quantize the weights to 4 or 8 bits with mlx-lm's convert.")] = None,
     group_size: Annotated[int, typer.Option(help="Weights per quantization scale (with --quantize).")] = 64,
+    keep_quantized: Annotated[bool, typer.Option(help="Keep a GGUF's Q4_0/Q4_1/Q8_0 weights quantized (converted "
+                                                      "exactly, group size 32) instead of float32.")] = False,
     base_path: Annotated[Optional[str], _BASE] = None,
 ) -> None:
     """Import a model into <base-path>/models (a GGUF is converted, a folder copied or quantized)."""
@@ -151,11 +153,13 @@ def import_model_cmd(
 
     cfg = config_from({"base_path": base_path}, None)
     try:
-        dest = import_model(Path(path).expanduser(), cfg.models_dir, name, quantize=quantize, group_size=group_size)
+        dest = import_model(Path(path).expanduser(), cfg.models_dir, name, quantize=quantize, group_size=group_size,
+                            keep_quantized=keep_quantized)
     except (OmlxError, OSError, ValueError) as e:
         _fail(f"cannot import {path}: {getattr(e, 'message', e)}")
         return
-    how = f", quantized to {quantize} bits (group size {group_size})" if quantize else ""
+    how = f", quantized to {quantize} bits (group size {group_size})" if quantize else (
+        ", the GGUF's quantized weights kept (group size 32)" if keep_quantized else "")
     typer.echo(f"imported {dest.name} -> {dest}{how}")
 
 

@@ -223,7 +223,7 @@ def _looks_like_mlx_folder(path: Path) -> bool:
 
 
 def import_model(path: Path, models_dir: Path, name: str | None = None, *, progress: bool = True,
-                 quantize: int | None = None, group_size: int = 64) -> Path:
+                 quantize: int | None = None, group_size: int = 64, keep_quantized: bool = False) -> Path:
     """Bring a model into `models_dir`: a `.gguf` file is converted, an mlx-lm folder copied.
 
     Args:
@@ -234,6 +234,8 @@ def import_model(path: Path, models_dir: Path, name: str | None = None, *, progr
         quantize: quantize the weights to this many bits (4 or 8) with mlx-lm's own
             ``mlx_lm.convert`` (affine, ``group_size`` weights per scale); a GGUF is first
             converted to float32, then quantized. None keeps the weights as they are.
+        keep_quantized: a GGUF's Q4_0/Q4_1/Q8_0 weights stay quantized, converted exactly to
+            MLX's affine format (group size 32; `omlx.engine.gguf_quant`) instead of float32.
 
     Returns:
         `<models_dir>/<name>`.
@@ -245,10 +247,15 @@ def import_model(path: Path, models_dir: Path, name: str | None = None, *, progr
     path, models_dir = Path(path), Path(models_dir)
     if quantize is not None and quantize not in (2, 3, 4, 5, 6, 8):
         raise ModelImportError(f"--quantize {quantize}: mlx-lm quantizes to 2, 3, 4, 5, 6 or 8 bits (4 and 8 are usual)")
+    if keep_quantized and quantize is not None:
+        raise ModelImportError("--keep-quantized and --quantize exclude each other: keep the GGUF's own "
+                               "quantization, or quantize again with mlx-lm")
+    if keep_quantized and not (path.is_file() and path.suffix.lower() == ".gguf"):
+        raise ModelImportError(f"--keep-quantized applies to a .gguf file; {path} is not one")
     if path.is_file() and path.suffix.lower() == ".gguf":
         target = models_dir / validate_model_name(name or path.stem)
         if quantize is None:
-            return import_gguf(path, target, progress=progress)
+            return import_gguf(path, target, progress=progress, keep_quantized=keep_quantized)
         if target.exists():
             raise ModelImportError(f"{target} already exists; remove it or import under another name")
         models_dir.mkdir(parents=True, exist_ok=True)
