@@ -220,7 +220,9 @@ class EnginePool:
             from omlx.engine import hub
 
             ref = hub.parse_hub_id(name)
-            path = hub.find_cached(ref, self._hub_cache()) if ref is not None and ref.model_id == name else None
+            if ref is not None and ref.model_id != name:  # ORG/NAME@main is served as ORG/NAME
+                return self._slots.get(ref.model_id) or self._discover(ref.model_id)
+            path = hub.find_cached(ref, self._hub_cache()) if ref is not None else None
             if path is None:
                 return None
             slot = _Slot(name, str(path), self._settings(name))

@@ -254,6 +254,7 @@ def test_the_pool_catalogue_lists_hub_models_and_resolves_them_in_place(pulled_c
     """`/v1/models` is `EnginePool.listed_ids`: a hub-cache model is listed, and a request naming it
     resolves to its snapshot folder without anything being copied."""
     from omlx.config import load_config
+    from omlx.errors import ModelNotFoundError
     from omlx.pool import EnginePool
 
     cfg = load_config({"base_path": str(_home(tmp_path)), "hub_cache_dir": str(pulled_cache)}, env={})
@@ -261,6 +262,9 @@ def test_the_pool_catalogue_lists_hub_models_and_resolves_them_in_place(pulled_c
     try:
         assert REPO_ID in pool.listed_ids()
         assert pool.resolve_id(REPO_ID) == REPO_ID
+        assert pool.resolve_id(f"{REPO_ID}@main") == REPO_ID  # the default branch is the plain id
+        with pytest.raises(ModelNotFoundError):
+            pool.resolve_id(f"{REPO_ID}@v1")  # a tag that was never pulled
         path, task = pool._resolve_path(REPO_ID, pool._slots[REPO_ID].source)
         assert task == "chat" and path == pulled_cache / f"models--{REPO_ID.replace('/', '--')}" / "snapshots" / repo4.commit
         with pytest.raises(Exception, match="omlx models pull someone/other"):
