@@ -13,7 +13,8 @@ It answers the routes ``snapshot_download`` and ``hf_hub_download`` call (huggin
 
 Errors carry the hub's ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``)
 so huggingface_hub raises its own typed errors. Faults: `drop_after` cuts a file's body after N
-bytes (the connection closes mid-file, as a flaky network does); `fail_file` answers 500 for a file.
+bytes (the connection closes mid-file, as a flaky network does); `fail_file` answers 500 for a file;
+`tree_sizes` makes the tree listing understate a file's size (so a disk check made from it passes).
 Every request is recorded in `requests` (method, path, Range header, Authorization header).
 """
 
@@ -90,6 +91,7 @@ class FakeHub:
         self.drop_after: dict[str, int] = {}  # file path -> bytes sent before the connection is cut
         self.num_drops: dict[str, int] = {}  # file path -> cuts left (default 1 per drop_after entry)
         self.fail_file: set[str] = set()
+        self.tree_sizes: dict[str, int] = {}  # file path -> size the tree listing claims (a lying hub)
         self.bytes_sent: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -174,9 +176,10 @@ class FakeHub:
                                        "siblings": [{"rfilename": p} for p in sorted(repo.files)]})
                 entries = []
                 for f in sorted(repo.files.values(), key=lambda f: f.path):
-                    e = {"type": "file", "path": f.path, "size": len(f.data), "oid": f.git_oid}
+                    size = hub.tree_sizes.get(f.path, len(f.data))
+                    e = {"type": "file", "path": f.path, "size": size, "oid": f.git_oid}
                     if f.lfs:
-                        e["lfs"] = {"oid": f.sha256, "size": len(f.data), "pointerSize": 134}
+                        e["lfs"] = {"oid": f.sha256, "size": size, "pointerSize": 134}
                     entries.append(e)
                 self._json(entries)
 
@@ -226,7 +229,11 @@ class FakeHub:
                     self.close_connection = True
                     self.connection.shutdown(2)  # the body ends early: the client sees the peer close
                     return
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its disk is full)
+                    self.close_connection = True
+                    return
                 with hub._lock:
                     hub.bytes_sent[path] = hub.bytes_sent.get(path, 0) + len(body)
 

@@ -377,9 +377,11 @@ def _repo_folder(repo_id: str) -> str:
 
 
 def _cleanup(repo_dir: Path, existed: bool) -> None:
-    """Remove what a failed pull created: the whole repo folder when this pull made it."""
+    """Remove what a failed pull created: the whole repo folder, and its lock folder, when this
+    pull made it (the cache-wide ``CACHEDIR.TAG`` stays: it marks the folder as a cache)."""
     if not existed:
         shutil.rmtree(repo_dir, ignore_errors=True)
+        shutil.rmtree(repo_dir.parent / ".locks" / repo_dir.name, ignore_errors=True)
         logger.info("removed the partial download %s", repo_dir)
 
 

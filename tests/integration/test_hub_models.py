@@ -172,14 +172,33 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(hub, tmp_path):
     """The hub cache is a 20 MB tmpfs (in a private mount namespace); the model needs 88 MB."""
     cache = tmp_path / "hub"
     cache.mkdir()
-    mount = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=20m tmpfs "$0" && exec "$@"', str(cache)]
+    mount = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=20m tmpfs "$0" && "$@"; rc=$?; '
+             'cd "$0" && find . -mindepth 1 > "$0.after"; exit $rc', str(cache)]
     r = subprocess.run([*mount, sys.executable, "-m", "omlx", "models", "pull", REPO_ID],
                        env=_env(hub.url, cache), capture_output=True, text=True, timeout=300)
     out = _out(r)
     assert r.returncode == 1 and f"not enough disk space for {REPO_ID}: it needs 87.8 MB" in out, out
     assert "(nothing was written)" in out and "Traceback" not in out
     assert not [q for q in hub.requests if "/resolve/" in q[1] and q[0] == "GET" and "safetensors" in q[1]]
-    assert _repo_dirs(cache) == []  # (the tmpfs went with the pull's namespace; under it, the folder is empty too)
+    assert Path(f"{cache}.after").read_text().split() == []  # the tmpfs, seen before its namespace went
+
+
+@pytest.mark.skipif(_mount_unavailable() is not None, reason=str(_mount_unavailable()))
+def test_a_disk_that_fills_up_during_the_pull_leaves_nothing_half_written(hub, repo4, tmp_path):
+    """The tree listing understates the weights (1 MB), so the check passes on a 40 MB tmpfs; the
+    84 MB file then fills it: the pull says so and removes what it wrote."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    hub.tree_sizes["model.safetensors"] = 2**20
+    mount = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=40m tmpfs "$0" && "$@"; rc=$?; '
+             'cd "$0" && find . -mindepth 1 > "$0.after"; exit $rc', str(cache)]
+    r = subprocess.run([*mount, sys.executable, "-m", "omlx", "models", "pull", REPO_ID],
+                       env=_env(hub.url, cache), capture_output=True, text=True, timeout=300)
+    out = _out(r)
+    assert r.returncode == 1 and f"the disk under {cache} filled up while fetching {REPO_ID}" in out, out
+    assert "(the partial download was removed)" in out and "Traceback" not in out
+    # seen inside the namespace, before the tmpfs went: only huggingface_hub's cache-wide files remain
+    assert sorted(Path(f"{cache}.after").read_text().split()) == ["./.locks", "./CACHEDIR.TAG"]
 
 
 @pytest.fixture(scope="module")
