@@ -40,6 +40,7 @@ from typing import Any, Callable
 from omlx.config import ModelSettings, ServerConfig
 from omlx.engine.encoder import folder_task
 from omlx.engine.factory import EncoderEntry, Entry, PoolEntry, load_model
+from omlx.engine.hub import HubModel
 from omlx.engine.loader import is_safe_model_id
 from omlx.errors import (
     EngineError,
@@ -234,14 +235,14 @@ class EnginePool:
             return slot
         return None
 
-    def _hub_models(self) -> list[Any]:
+    def _hub_models(self) -> list[HubModel]:
         """The hub cache's servable models (`omlx.engine.hub.list_cached`): a scan of its folders, so
         callers run it before taking the lock and hand it to `_scan_models_dir`."""
         from omlx.engine import hub
 
         return hub.list_cached(self._hub_cache())
 
-    def _scan_models_dir(self, hub_models: list[Any]) -> None:
+    def _scan_models_dir(self, hub_models: list[HubModel]) -> None:
         """Add slots for models that appeared in the models dir or the hub cache (``hub_models``)
         since the last look. Caller holds the lock."""
         d = self.config.models_dir

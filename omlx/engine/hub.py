@@ -225,7 +225,7 @@ def pull(ref: HubRef, cache: Path, *, on_total: Callable[[int], None] | None = N
     the finished files, so the same command resumes.
 
     Args:
-        on_total: called once with the bytes to fetch.
+        on_total: called once with the bytes to fetch, when there are any.
         on_bytes: called with each chunk's size as it is written (from download threads).
 
     Raises:
@@ -295,7 +295,7 @@ def pull(ref: HubRef, cache: Path, *, on_total: Callable[[int], None] | None = N
         raise ModelImportError(f"not enough disk space for {ref.model_id}: it needs {_mb(need)} (+{_mb(DISK_MARGIN_BYTES)} "
                                f"margin) in {cache}, which has {_mb(free)} free; free some space or point HF_HUB_CACHE "
                                "at a larger disk (nothing was written)")
-    if on_total is not None:
+    if on_total is not None and need:
         on_total(need)
     try:
         path = Path(snapshot_download(ref.repo_id, revision=ref.revision or "main", cache_dir=cache,
