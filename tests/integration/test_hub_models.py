@@ -141,6 +141,10 @@ def test_a_revision_that_does_not_exist_is_a_clear_error_and_writes_nothing(hub,
     # a tag pins a revision: ORG/NAME@v1 is served under that id
     r = _pull(f"{REPO_ID}@v1", _env(hub.url, cache))
     assert r.returncode == 0 and f"pulled {REPO_ID}@v1 (commit {repo4.commit[:12]}" in _out(r), _out(r)
+    r = _pull(f"{REPO_ID}@{repo4.commit}", _env(hub.url, cache))  # a commit hash: nothing new to fetch
+    assert r.returncode == 0 and "already in the cache" in _out(r) and f"--model {REPO_ID}@{repo4.commit}" in _out(r)
+    r = runner.invoke(app, ["models", "list", "--json", "--base-path", str(tmp_path / "home"), "--hub-cache-dir", str(cache)])
+    assert [row["id"] for row in json.loads(r.stdout)] == [f"{REPO_ID}@v1"]  # the ref v1 names this snapshot
 
 
 @pytest.mark.parametrize("repo_id, why", [
