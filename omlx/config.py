@@ -284,6 +284,8 @@ class ServerConfig:
         max_concurrent_requests: requests decoding at once per model.
         max_queued_requests: requests waiting beyond that before a 429.
         base_path: omlx's home (models, cache, config).
+        hub_cache_dir: the Hugging Face hub cache omlx reads models from and pulls into; None =
+            huggingface_hub's own (``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
         api_key: required on every route when set.
         max_body_bytes: larger request bodies get a 413.
         keepalive_s: SSE keep-alive period while a prompt is prefilled.
@@ -310,6 +312,7 @@ class ServerConfig:
     max_concurrent_requests: int = 8
     max_queued_requests: int = 64
     base_path: str = DEFAULT_BASE_PATH
+    hub_cache_dir: str | None = None
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     keepalive_s: float = 5.0
@@ -334,6 +337,11 @@ class ServerConfig:
     @property
     def models_dir(self) -> Path:
         return self.base_dir / "models"
+
+    @property
+    def hub_cache(self) -> Path | None:
+        """``hub_cache_dir`` as a path (None: huggingface_hub's default, see `omlx.engine.hub.cache_dir`)."""
+        return Path(os.path.expanduser(self.hub_cache_dir)) if self.hub_cache_dir else None
 
     @property
     def ssd_cache_dir(self) -> Path:

@@ -98,8 +98,8 @@ class NotFoundError(OmlxError):
 class ModelNotFoundError(NotFoundError):
     code = "model_not_found"
 
-    def __init__(self, model: str):
-        super().__init__(f"The model '{model}' does not exist", param="model")
+    def __init__(self, model: str, *, hint: str = ""):
+        super().__init__(f"The model '{model}' does not exist" + (f": {hint}" if hint else ""), param="model")
         self.model = model
 
 

@@ -1,7 +1,8 @@
 """EnginePool: model id -> running engine; loads on demand, evicts LRU by bytes, TTL, pinning.
 
 Owns: which models exist (``--model`` specs, ``[models."<id>"]`` tables, folders under
-``<base-path>/models``, the embedded defaults), resolving what a request names (id, alias,
+``<base-path>/models``, mlx-lm models in the Hugging Face hub cache as ``ORG/NAME``, the
+embedded defaults), resolving what a request names (id, alias,
 ``<id>:<profile>``) to one, loading it when first asked, and unloading it again: least recently
 used first when memory is needed, after its TTL, on ``POST /v1/models/{id}/unload``, or when
 the `ProcessMemoryEnforcer` asks (the pool implements its `MemoryActions`).
@@ -39,6 +40,7 @@ from typing import Any, Callable
 from omlx.config import ModelSettings, ServerConfig
 from omlx.engine.encoder import folder_task
 from omlx.engine.factory import EncoderEntry, Entry, PoolEntry, load_model
+from omlx.engine.hub import HubModel
 from omlx.engine.loader import is_safe_model_id
 from omlx.errors import (
     EngineError,
@@ -193,7 +195,7 @@ class EnginePool:
         if spec == DEFAULT_EMBEDDING_MODEL_ID:
             mid, source = spec, None
         else:
-            mid, path = resolve_model(spec, self.config.models_dir, progress=False)
+            mid, path = resolve_model(spec, self.config.models_dir, progress=False, hub_cache=self._hub_cache())
             source = None if path == self.config.models_dir / mid else str(path)
         with self._cond:
             if mid not in self._slots:
@@ -204,28 +206,56 @@ class EnginePool:
                 self._start.append(mid)
         return mid
 
+    def _hub_cache(self) -> Path:
+        from omlx.engine import hub
+
+        return self.config.hub_cache or hub.cache_dir(None)
+
     def _discover(self, name: str) -> _Slot | None:
-        """A slot for a model not yet known: a folder in the models dir or an embedded default."""
+        """A slot for a model not yet known: a folder in the models dir, a model in the hub
+        cache (``ORG/NAME[@REVISION]``, its snapshot folder as the source) or an embedded default."""
         from omlx.engine.embedded import DEFAULT_MODEL_ID
         from omlx.engine.embedded_embeddings import DEFAULT_EMBEDDING_MODEL_ID
 
         if not is_safe_model_id(name):
-            return None
+            from omlx.engine import hub
+
+            ref = hub.parse_hub_id(name)
+            if ref is not None and ref.model_id != name:  # ORG/NAME@main is served as ORG/NAME
+                return self._slots.get(ref.model_id) or self._discover(ref.model_id)
+            path = hub.find_cached(ref, self._hub_cache()) if ref is not None else None
+            if path is None:
+                return None
+            slot = _Slot(name, str(path), self._settings(name))
+            self._slots[name] = slot
+            return slot
         if (self.config.models_dir / name / "config.json").is_file() or name in (DEFAULT_MODEL_ID, DEFAULT_EMBEDDING_MODEL_ID):
             slot = _Slot(name, None, self._settings(name))
             self._slots[name] = slot
             return slot
         return None
 
-    def _scan_models_dir(self) -> None:
+    def _hub_models(self) -> list[HubModel]:
+        """The hub cache's servable models (`omlx.engine.hub.list_cached`): a scan of its folders, so
+        callers run it before taking the lock and hand it to `_scan_models_dir`."""
+        from omlx.engine import hub
+
+        return hub.list_cached(self._hub_cache())
+
+    def _scan_models_dir(self, hub_models: list[HubModel]) -> None:
+        """Add slots for models that appeared in the models dir or the hub cache (``hub_models``)
+        since the last look. Caller holds the lock."""
         d = self.config.models_dir
         try:
             names = sorted(p.name for p in d.iterdir() if (p / "config.json").is_file())
         except OSError:
-            return
+            names = []
         for n in names:
             if n not in self._slots:
                 self._discover(n)
+        for m in hub_models:
+            if m.model_id not in self._slots:
+                self._slots[m.model_id] = _Slot(m.model_id, str(m.path), self._settings(m.model_id))
 
     def _lookup(self, name: str, *, depth: int = 0) -> tuple[_Slot, str | None] | None:
         """(slot, profile) for a requested name, or None. Caller holds the lock."""
@@ -262,8 +292,9 @@ class EnginePool:
 
     def listed_ids(self) -> list[str]:
         """Every servable id: models (default first), their profiles, then aliases."""
+        hub_models = self._hub_models()
         with self._cond:
-            self._scan_models_dir()
+            self._scan_models_dir(hub_models)
             ids = sorted(self._slots, key=lambda m: (m != self.default_id, m))
             out = list(ids)
             for m in ids:
@@ -458,7 +489,8 @@ class EnginePool:
         if source is None and model_id == DEFAULT_EMBEDDING_MODEL_ID:
             path = ensure_default_embedding_model(self.config.models_dir)
         else:
-            _, path = resolve_model(source or model_id, self.config.models_dir, progress=False)
+            _, path = resolve_model(source or model_id, self.config.models_dir, progress=False,
+                                    hub_cache=self._hub_cache())
         return path, folder_task(path)
 
     def _load(self, slot: _Slot, deadline: float, *, reason: str, warmup: bool = False, owner: str = "start") -> int:
@@ -824,8 +856,9 @@ class EnginePool:
     def status(self) -> dict[str, Any]:
         """``GET /v1/models/status``: memory figures, every known model, recent loads/unloads."""
         snap = self.enforcer.snapshot()
+        hub_models = self._hub_models()
         with self._cond:
-            self._scan_models_dir()
+            self._scan_models_dir(hub_models)
             models = [self._row(s) for s in sorted(self._slots.values(), key=lambda s: s.model_id)]
             paused = self._paused
         return {

@@ -36,6 +36,36 @@ def default_model_dir() -> Path:
     return ensure_default_model(TEST_HOME / "models", progress=False)
 
 
+def quantized_model_dir(bits: int = 4) -> Path:
+    """The default model quantized by mlx-lm itself (``mlx_lm.convert(..., quantize=True, q_bits=bits)``,
+    group size 64), as mlx-community publishes its 4- and 8-bit conversions; made once into the
+    shared test home, outside its models folder (so it is in no catalogue unless a test puts it there)."""
+    import contextlib
+    import io
+    import shutil
+    import tempfile
+
+    from mlx_lm import convert
+
+    dest = TEST_HOME / "quantized" / f"{MODEL_ID}-{bits}bit"
+    if (dest / "config.json").is_file():
+        return dest
+    src = default_model_dir()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            convert(str(src), str(tmp / "out"), quantize=True, q_bits=bits, q_group_size=64)
+        try:
+            os.rename(tmp / "out", dest)
+        except OSError:  # another test run finished first
+            if not (dest / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 class ServerProcess:
     """A real `omlx serve` child process on a free port.
 

@@ -76,7 +76,7 @@ def _model_path(cfg: ServerConfig, spec: str | None) -> str:
     from omlx.errors import OmlxError
 
     try:
-        return str(resolve_model(spec, cfg.models_dir, progress=False)[1])
+        return str(resolve_model(spec, cfg.models_dir, progress=False, hub_cache=cfg.hub_cache)[1])
     except OmlxError as e:
         typer.echo(f"omlx: {e.message}", err=True)
         raise typer.Exit(2) from e

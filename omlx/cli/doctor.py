@@ -16,21 +16,15 @@ from omlx.cli.common import config_from
 _COLOR = {"ok": "green", "info": "blue", "warning": "yellow", "error": "red"}
 
 
-def _model_caches(models_dir, kv_bits: int | None = None, kv_group_size: int = 64) -> dict[str, tuple[str, bool | None]]:
-    """Each model folder's cache layout (as ``--kv-bits`` serves it), read from its config without loading weights (None:
-    not a language model mlx-lm builds, e.g. an embedding model omlx serves with its own encoder)."""
-    from omlx.engine.cache_spec import describe_model_cache
+def _model_caches(cfg, kv_bits: int | None = None, kv_group_size: int = 64) -> dict[str, tuple[str, bool | None]]:
+    """Each model's cache layout (as ``--kv-bits`` serves it), by served id, for the models folder and
+    the hub cache, read from its config without loading weights (None: not a language model mlx-lm
+    builds, e.g. an embedding model omlx serves with its own encoder)."""
+    from omlx.engine import hub
+    from omlx.engine.catalogue import local_models, prefix_cache_of
 
-    out: dict[str, tuple[str, bool | None]] = {}
-    if not models_dir.is_dir():
-        return out
-    for p in sorted(models_dir.iterdir()):
-        if (p / "config.json").is_file():
-            try:
-                out[p.name] = describe_model_cache(p, kv_bits, kv_group_size)
-            except Exception as e:  # not an mlx-lm language model: no prefix cache applies
-                out[p.name] = (f"not an mlx-lm language model ({type(e).__name__}: {e})", None)
-    return out
+    return {e.model_id: prefix_cache_of(e.path, kv_bits, kv_group_size)
+            for e in local_models(cfg.models_dir, cfg.hub_cache or hub.cache_dir(None))}
 
 
 def doctor(
@@ -47,7 +41,7 @@ def doctor(
 
     cfg = config_from({"host": host, "port": port, "base_path": base_path}, config)
     facts = Facts(memory_ceiling_bytes=MemoryLimits.from_config(cfg.memory).ceiling_bytes,
-                  bind_problem=check_bind(cfg), model_caches=_model_caches(cfg.models_dir, cfg.kv_bits, cfg.kv_group_size))
+                  bind_problem=check_bind(cfg), model_caches=_model_caches(cfg, cfg.kv_bits, cfg.kv_group_size))
     report = run_checks(cfg, facts)
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=1))

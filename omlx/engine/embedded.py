@@ -222,7 +222,8 @@ def _looks_like_mlx_folder(path: Path) -> bool:
     )
 
 
-def import_model(path: Path, models_dir: Path, name: str | None = None, *, progress: bool = True) -> Path:
+def import_model(path: Path, models_dir: Path, name: str | None = None, *, progress: bool = True,
+                 quantize: int | None = None, group_size: int = 64, keep_quantized: bool = False) -> Path:
     """Bring a model into `models_dir`: a `.gguf` file is converted, an mlx-lm folder copied.
 
     Args:
@@ -230,18 +231,39 @@ def import_model(path: Path, models_dir: Path, name: str | None = None, *, progr
         models_dir: the models folder; created if missing.
         name: folder name under `models_dir`; defaults to the file stem or the folder name.
         progress: show a progress bar while converting a GGUF.
+        quantize: quantize the weights to this many bits (4 or 8) with mlx-lm's own
+            ``mlx_lm.convert`` (affine, ``group_size`` weights per scale); a GGUF is first
+            converted to float32, then quantized. None keeps the weights as they are.
+        keep_quantized: a GGUF's Q4_0/Q4_1/Q8_0 weights stay quantized, converted exactly to
+            MLX's affine format (group size 32; `omlx.engine.gguf_quant`) instead of float32.
 
     Returns:
         `<models_dir>/<name>`.
 
     Raises:
         ModelImportError: unsafe name, the destination exists, `path` is neither a GGUF nor an
-            mlx-lm folder, or the GGUF cannot be converted.
+            mlx-lm folder, the GGUF cannot be converted, or mlx-lm cannot quantize the model.
     """
     path, models_dir = Path(path), Path(models_dir)
+    if quantize is not None and quantize not in (2, 3, 4, 5, 6, 8):
+        raise ModelImportError(f"--quantize {quantize}: mlx-lm quantizes to 2, 3, 4, 5, 6 or 8 bits (4 and 8 are usual)")
+    if keep_quantized and quantize is not None:
+        raise ModelImportError("--keep-quantized and --quantize exclude each other: keep the GGUF's own "
+                               "quantization, or quantize again with mlx-lm")
+    if keep_quantized and not (path.is_file() and path.suffix.lower() == ".gguf"):
+        raise ModelImportError(f"--keep-quantized applies to a .gguf file; {path} is not one")
     if path.is_file() and path.suffix.lower() == ".gguf":
         target = models_dir / validate_model_name(name or path.stem)
-        return import_gguf(path, target, progress=progress)
+        if quantize is None:
+            return import_gguf(path, target, progress=progress, keep_quantized=keep_quantized)
+        if target.exists():
+            raise ModelImportError(f"{target} already exists; remove it or import under another name")
+        models_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{target.name}.", suffix=".gguf.tmp", dir=models_dir) as tmp:
+            float_dir = import_gguf(path, Path(tmp) / "float32", progress=progress)
+            _quantize_into(float_dir, target, quantize, group_size)
+            shutil.copy2(float_dir / IMPORT_MARKER, target / IMPORT_MARKER)  # it came from this GGUF
+            return target
     if path.is_dir():
         if not _looks_like_mlx_folder(path):
             raise ModelImportError(
@@ -251,6 +273,9 @@ def import_model(path: Path, models_dir: Path, name: str | None = None, *, progr
         target = models_dir / validate_model_name(name or path.resolve().name)
         if target.exists():
             raise ModelImportError(f"{target} already exists; remove it or import under another name")
+        if quantize is not None:
+            models_dir.mkdir(parents=True, exist_ok=True)
+            return _quantize_into(path, target, quantize, group_size)
         models_dir.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=models_dir))
         try:
@@ -264,3 +289,33 @@ def import_model(path: Path, models_dir: Path, name: str | None = None, *, progr
         logger.info("copied %s -> %s", path, target)
         return target
     raise ModelImportError(f"{path} is neither a .gguf file nor a model folder")
+
+
+def _quantize_into(src: Path, target: Path, bits: int, group_size: int) -> Path:
+    """``mlx_lm.convert(src, quantize=True)`` into a temp folder beside `target`, renamed into place
+    when complete (its console output goes to the log, not the terminal).
+
+    Raises:
+        ModelImportError: mlx-lm cannot load or quantize the model.
+    """
+    import contextlib
+    import io
+
+    from mlx_lm import convert
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".q.tmp", dir=target.parent))
+    out = tmp / "out"  # mlx_lm.convert refuses a folder that exists
+    try:
+        buf = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buf):
+                convert(str(src), str(out), quantize=True, q_bits=bits, q_group_size=group_size)
+        except (ValueError, KeyError, OSError) as e:
+            raise ModelImportError(f"mlx-lm cannot quantize {src} to {bits} bits (group size {group_size}): {e}") from e
+        logger.info("mlx_lm.convert %s -> %d-bit: %s", src, bits, " ".join(buf.getvalue().split()))
+        os.chmod(out, 0o755)
+        os.rename(out, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("quantized %s -> %s (%d-bit, group size %d)", src, target, bits, group_size)
+    return target

@@ -1,6 +1,7 @@
 """Convert a GGUF file into a folder that `mlx_lm.load` can open.
 
-Owns: reading GGUF metadata and tensors, dequantizing them to float32, undoing llama.cpp's
+Owns: reading GGUF metadata and tensors, dequantizing them to float32 (or, asked to, keeping
+the exactly convertible quantized ones quantized: `omlx.engine.gguf_quant`), undoing llama.cpp's
 q/k row permutation and Gemma's norm offset, writing `config.json`, `model.safetensors` and the
 tokenizer files (`tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`, built by
 `gguf_tokenizer`) into a temp folder that is renamed into place in one step.
@@ -390,25 +391,49 @@ def hf_tensor_name(gguf_name: str, spec: ArchSpec) -> str:
     raise ModelImportError(f"unexpected tensor {gguf_name!r} for architecture {spec.model_type!r}")
 
 
-def iter_hf_tensors(contents: GGUFContents, config: Mapping[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+def iter_hf_tensors(contents: GGUFContents, config: Mapping[str, Any], *,
+                    keep_quantized: bool = False) -> Iterator[tuple[str, np.ndarray]]:
     """Yield `(hf_name, float32 array)` for every tensor, dequantized, un-permuted and with the
     norm offset removed (`ArchSpec.norm_offset`: Gemma's `1 + w` back to `w`).
 
-    Side effects: none; each tensor is dequantized when the iterator reaches it.
+    With ``keep_quantized``, a 2-D weight of a type MLX holds exactly (`gguf_quant.EXACT_TYPES`)
+    is yielded as its MLX affine triplet instead: ``<name>.weight`` (uint32), ``<name>.scales``
+    and ``<name>.biases`` (float32), rows un-permuted alike, and ``config["quantization"]`` gets
+    its bits (the most common as the default, the others per layer, as mlx-lm reads them).
+
+    Side effects: none but that entry in ``config``; each tensor is converted when reached.
     """
+    from omlx.engine import gguf_quant
+
     spec = ARCHITECTURES[contents.architecture]
+    layer_bits: dict[str, int] = {}
     for tensor in contents.reader.tensors:
         name = hf_tensor_name(tensor.name, spec)
-        w = dequantize_tensor(tensor)
         stem = tensor.name.split(".")[-2]
-        if spec.permute_qk and stem == "attn_q":
-            w = unpermute_qk(w, config["num_attention_heads"])
-        elif spec.permute_qk and stem == "attn_k":
-            w = unpermute_qk(w, config["num_key_value_heads"])
+        heads = (config["num_attention_heads"] if stem == "attn_q" else config["num_key_value_heads"]
+                 if stem == "attn_k" else None) if spec.permute_qk else None
+        if keep_quantized and name.endswith(".weight") and not name.endswith("norm.weight") and gguf_quant.is_exact(tensor):
+            w, scales, biases, bits = gguf_quant.to_mlx_affine(tensor)
+            base = name[: -len(".weight")]
+            layer_bits[base] = bits
+            for suffix, a in ((".weight", w), (".scales", scales), (".biases", biases)):
+                yield base + suffix, unpermute_qk(a, heads) if heads else a
+            continue
+        w = dequantize_tensor(tensor)
+        if heads:
+            w = unpermute_qk(w, heads)
         if spec.norm_offset and name.endswith("norm.weight"):
             # The same test llama.cpp's converter adds the offset under (HF names ending in norm.weight).
             w = w - np.float32(spec.norm_offset)
         yield name, w
+    if layer_bits:
+        bits_counts: dict[int, int] = {}
+        for b in layer_bits.values():
+            bits_counts[b] = bits_counts.get(b, 0) + 1
+        default = max(bits_counts, key=lambda b: bits_counts[b])
+        quant: dict[str, Any] = {"group_size": gguf_quant.GROUP_SIZE, "bits": default}
+        quant.update({base: {"group_size": gguf_quant.GROUP_SIZE, "bits": b} for base, b in layer_bits.items() if b != default})
+        config["quantization"] = quant  # type: ignore[index]
 
 
 # --------------------------------------------------------------------------- writing
@@ -466,8 +491,11 @@ def _progress_bar(enabled: bool) -> Iterator[Callable[..., Any]]:
             bar.update(state["task"], completed=task.total or 1, total=task.total or 1)
 
 
-def import_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Path:
+def import_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True, keep_quantized: bool = False) -> Path:
     """Convert a GGUF (architectures in `ARCHITECTURES`) into an mlx-lm folder at `out_dir`.
+
+    With ``keep_quantized``, Q4_0/Q4_1/Q8_0 weights stay quantized, converted exactly to MLX's
+    affine format (group size 32; `omlx.engine.gguf_quant`), and the rest is dequantized as below.
 
     The folder gets `config.json`, `model.safetensors` (every tensor float32: the fastest dtype
     for MLX on CPU; about 4 bytes per parameter, 0.54 GB for SmolLM2-135M), `tokenizer.json`,
@@ -480,6 +508,7 @@ def import_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pat
         gguf_path: the `.gguf` file.
         out_dir: the folder to create; must not exist yet.
         progress: show a rich progress bar on the console.
+        keep_quantized: keep the exactly convertible quantized weights quantized.
 
     Returns:
         `out_dir`.
@@ -507,9 +536,10 @@ def import_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pat
             )
             advance = step("dequantizing tensors", total=len(contents.tensor_names))
             tensors: dict[str, np.ndarray] = {}
-            for name, w in iter_hf_tensors(contents, config):
+            for name, w in iter_hf_tensors(contents, config, keep_quantized=keep_quantized):
                 tensors[name] = w
-                advance(1)
+                if not name.endswith((".scales", ".biases")):
+                    advance(1)
             embed = tensors["model.embed_tokens.weight"]
             if embed.shape[0] != config["vocab_size"]:
                 logger.warning("vocab_size %d != embedding rows %d; using the rows", config["vocab_size"], embed.shape[0])
@@ -518,7 +548,7 @@ def import_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pat
             step("writing model.safetensors")
             from safetensors.numpy import save_file
 
-            num_params = sum(int(w.size) for w in tensors.values())
+            num_params = sum(int(t.n_elements) for t in contents.reader.tensors)
             save_file(tensors, str(tmp_dir / "model.safetensors"), metadata={"format": "mlx"})
             _fsync_path(tmp_dir / "model.safetensors")
             del tensors
@@ -540,7 +570,7 @@ def import_gguf(gguf_path: Path, out_dir: Path, *, progress: bool = True) -> Pat
                     "source": gguf_path.name,
                     "source_sha256": source_sha256,
                     "architecture": contents.architecture,
-                    "dtype": "float32",
+                    "dtype": "gguf-quantized" if "quantization" in config else "float32",
                     "num_params": num_params,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 },

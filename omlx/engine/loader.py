@@ -4,7 +4,9 @@ Resolution of ``--model SPEC``:
   1. None -> the embedded default (SmolLM2-135M-Instruct, imported once from its PyPI wheel);
   2. a name of a folder in ``<base-path>/models`` -> that folder;
   3. a path to an mlx-lm folder (config.json + safetensors) -> used in place;
-  4. a path to a ``.gguf`` file -> imported once into ``<base-path>/models/<stem>``.
+  4. a path to a ``.gguf`` file -> imported once into ``<base-path>/models/<stem>``;
+  5. ``ORG/NAME[@REVISION]`` -> that repo's snapshot in the Hugging Face hub cache, used in place
+     (``omlx.engine.hub``; never downloaded here: ``omlx models pull`` does that).
 """
 
 from __future__ import annotations
@@ -49,11 +51,15 @@ class LoadedModel:
     cache_classes: tuple[str, ...]
 
 
-def resolve_model(spec: str | None, models_dir: Path, *, progress: bool = True) -> tuple[str, Path]:
+def resolve_model(spec: str | None, models_dir: Path, *, progress: bool = True,
+                  hub_cache: Path | None = None) -> tuple[str, Path]:
     """Turn ``--model SPEC`` into (model id, mlx-lm folder), importing a GGUF when needed.
 
+    Args:
+        hub_cache: the Hugging Face hub cache folder (None: huggingface_hub's default).
+
     Raises:
-        ModelNotFoundError: nothing matches the spec.
+        ModelNotFoundError: nothing matches the spec (for ``ORG/NAME``: says how to pull it).
         ModelImportError: the file exists but cannot be imported.
     """
     from omlx.engine.embedded import DEFAULT_MODEL_ID, ensure_default_model, import_model
@@ -70,7 +76,23 @@ def resolve_model(spec: str | None, models_dir: Path, *, progress: bool = True) 
     if p.is_file() and p.suffix == ".gguf":
         dest = import_model(p, models_dir, None, progress=progress)
         return dest.name, dest
+    from omlx.engine import hub
+
+    ref = hub.parse_hub_id(spec)
+    if ref is not None:
+        cache = hub_cache or hub.cache_dir(None)
+        path = hub.find_cached(ref, cache)
+        if path is not None:
+            return ref.model_id, path
+        raise ModelNotFoundError(spec, hint=f"it is not in the Hugging Face hub cache ({cache}); "
+                                            f"fetch it with `omlx models pull {spec}`")
     raise ModelNotFoundError(spec)
+
+
+def config_context_length(config: dict[str, Any], default: int = 8192) -> int:
+    """Most tokens a model accepts, from its config.json (``default`` when it names none)."""
+    return int(config.get("max_position_embeddings") or config.get("max_sequence_length")
+               or config.get("n_ctx") or default)
 
 
 def load(model_id: str, path: Path) -> LoadedModel:
@@ -96,11 +118,6 @@ def load(model_id: str, path: Path) -> LoadedModel:
     except (OSError, ValueError, KeyError) as e:
         raise ModelImportError(f"cannot load model {model_id} from {path}: {e}") from e
     mx.eval(model.parameters())
-    ctx = int(
-        config.get("max_position_embeddings")
-        or config.get("max_sequence_length")
-        or config.get("n_ctx")
-        or 8192
-    )
+    ctx = config_context_length(config)
     classes = tuple(type(c).__name__ for c in make_prompt_cache(model))
     return LoadedModel(model_id, path, model, tokenizer, config, ctx, classes)

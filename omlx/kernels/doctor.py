@@ -348,10 +348,11 @@ def check_port(cfg: ServerConfig, facts: Facts) -> Finding:
 def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
     d = cfg.models_dir
     present = sorted(p.name for p in d.iterdir() if (p / "config.json").is_file()) if d.is_dir() else []
+    present += sorted(set(facts.model_caches) - set(present))  # models in the Hugging Face hub cache
     missing = []
     for spec in cfg.models:
         p = Path(spec).expanduser()
-        if spec in present or (p.is_dir() and (p / "config.json").is_file()) or (p.is_file() and p.suffix == ".gguf"):
+        if spec in present or spec in facts.model_caches or (p.is_dir() and (p / "config.json").is_file()) or (p.is_file() and p.suffix == ".gguf"):
             continue
         missing.append(spec)
     caches = {name: {"layout": text, "prefix_cache": ok} for name, (text, ok) in facts.model_caches.items()}
@@ -359,7 +360,8 @@ def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
               "caches": caches}
     if missing:
         return Finding("models", "error", f"configured model(s) not found: {', '.join(missing)}",
-                       f"`omlx models import PATH` or fix the model setting (present in {d}: "
+                       f"`omlx models import PATH`, `omlx models pull ORG/NAME` for a Hugging Face repo, "
+                       f"or fix the model setting (present in {d} and the hub cache: "
                        f"{', '.join(present) or 'none'})", detail)
     if not present:
         return Finding("models", "info", f"no models in {d} yet; `omlx serve` imports the default "

@@ -33,7 +33,7 @@ def test_models_import_rejects_bad_input(tmp_path: Path):
 
 
 def test_models_list_empty(tmp_path: Path):
-    r = runner.invoke(app, ["models", "list", "--base-path", str(tmp_path)])
+    r = runner.invoke(app, ["models", "list", "--base-path", str(tmp_path), "--hub-cache-dir", str(tmp_path / "hub")])
     assert r.exit_code == 0 and "no models" in r.output
 
 

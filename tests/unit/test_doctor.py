@@ -154,7 +154,8 @@ def test_each_model_folder_names_its_cache_layout_and_whether_the_prefix_cache_h
     assert "tiny-gemma3 (cache W16k0,A,W16k0,A; prefix cache on)" in found["summary"]
     from omlx.cli.doctor import _model_caches
 
-    assert _model_caches(models, 4, 16)["tiny-gemma3"] == ("W16k0,Q4g16,W16k0,Q4g16", True)  # as --kv-bits 4 serves it
+    cfg4 = load_config({"base_path": str(tmp_path / "home"), "hub_cache_dir": str(tmp_path / "hub")})
+    assert _model_caches(cfg4, 4, 16)["tiny-gemma3"] == ("W16k0,Q4g16,W16k0,Q4g16", True)  # as --kv-bits 4 serves it
     facts = doctor.Facts(memory_ceiling_bytes=8 * 10**9, bind_problem=None,
                          model_caches={"tiny-gemma3": ("layer 0 uses ChunkedKVCache", False)})
     cfg = load_config({"base_path": str(tmp_path / "home")})

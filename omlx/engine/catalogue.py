@@ -1,0 +1,137 @@
+"""The catalogue of models on this machine: omlx's models folder and the Hugging Face hub cache.
+
+Owns: one `CatalogueEntry` per servable model, with what ``omlx models list`` and ``omlx doctor``
+show about it, read from its files without loading weights: where it comes from, bytes on disk,
+quantization (config.json's ``quantization``: bits, group size), architecture, context length,
+and whether the prefix cache applies (`prefix_cache_of`, mlx-lm's lazy load).
+Must not: download, delete, or speak HTTP (``omlx.engine.hub`` owns the hub cache's writes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Where a model comes from, as ``omlx models list`` names it.
+HUB_CACHE, OMLX_HOME, GGUF_IMPORT = "hub cache", "omlx home", "GGUF import"
+
+_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogueEntry:
+    """One servable model.
+
+    Attributes:
+        model_id: its served id (a folder name, or ``ORG/NAME[@REVISION]`` for the hub cache).
+        source: `HUB_CACHE`, `OMLX_HOME` or `GGUF_IMPORT` (an omlx-home folder made from a GGUF).
+        path: its folder (a snapshot folder, for the hub cache).
+        size_bytes: bytes on disk of its files (a snapshot's blobs, for the hub cache).
+        architecture: config.json's ``model_type`` (None: not named).
+        context_length: most tokens it accepts, per its config (None: not named).
+        bits, group_size: its weights' quantization (None: not quantized, or mixed for ``bits``).
+        quantization: that as text: "4-bit, group 64", "mixed 4/8-bit", or the weights' dtype.
+    """
+
+    model_id: str
+    source: str
+    path: Path
+    size_bytes: int
+    architecture: str | None
+    context_length: int | None
+    bits: int | None
+    group_size: int | None
+    quantization: str
+
+
+def local_models(models_dir: Path, hub_cache: Path) -> list[CatalogueEntry]:
+    """Every model in ``models_dir`` (dot-folders skipped) and every servable model in the hub cache."""
+    from omlx.engine import hub
+    from omlx.engine.gguf_import import IMPORT_MARKER
+
+    out: list[CatalogueEntry] = []
+    if models_dir.is_dir():
+        for p in sorted(models_dir.iterdir()):
+            if p.name.startswith(".") or not (p / "config.json").is_file():
+                continue
+            source = GGUF_IMPORT if (p / IMPORT_MARKER).is_file() else OMLX_HOME
+            out.append(describe(p.name, source, p, hub.snapshot_bytes(p)))
+    for m in hub.list_cached(hub_cache):
+        out.append(describe(m.model_id, HUB_CACHE, m.path, m.size_bytes))
+    return out
+
+
+def describe(model_id: str, source: str, path: Path, size_bytes: int) -> CatalogueEntry:
+    """A `CatalogueEntry` for a model folder, from its config.json and safetensors header."""
+    from omlx.engine.loader import config_context_length
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    bits, group_size, text = quantization_of(config)
+    if text is None:
+        text = weights_dtype(path) or "unknown dtype"
+    ctx = config_context_length(config, default=0) or None
+    arch = config.get("model_type")
+    return CatalogueEntry(model_id, source, path, size_bytes, arch if isinstance(arch, str) else None, ctx,
+                          bits, group_size, text)
+
+
+def quantization_of(config: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
+    """(bits, group size, text) of mlx-lm's ``quantization`` entry in a config.json; per-layer
+    entries (mixed quantization, e.g. mlx-community's "mixed_3_6") give bits None and their range.
+    (None, None, None) when the weights are not quantized."""
+    q = config.get("quantization") or config.get("quantization_config")
+    if not isinstance(q, dict):
+        return None, None, None
+    if "bits" not in q and "quant_method" in q:  # a Hugging Face quantization (e.g. compressed-tensors)
+        return None, None, str(q["quant_method"])
+    bits, group = q.get("bits"), q.get("group_size")
+    layer_bits = {v.get("bits") for v in q.values() if isinstance(v, dict) and v.get("bits")}
+    mode = q.get("mode")
+    suffix = f" {mode}" if isinstance(mode, str) and mode != "affine" else ""
+    if layer_bits - {bits}:
+        span = sorted(int(b) for b in layer_bits | ({bits} if bits else set()))
+        return None, group, f"mixed {'/'.join(map(str, span))}-bit{suffix}"
+    if not isinstance(bits, int):
+        return None, None, None
+    return bits, group, f"{bits}-bit, group {group}{suffix}" if group else f"{bits}-bit{suffix}"
+
+
+def weights_dtype(path: Path) -> str | None:
+    """The dtype of the first tensor in the folder's first safetensors file (read from its JSON
+    header: 8-byte little-endian length, then the header; safetensors format spec)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    try:
+        with open(files[0], "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(min(n, 100_000_000)))
+    except (OSError, ValueError, struct.error):
+        return None
+    for name, meta in header.items():
+        if name != "__metadata__" and isinstance(meta, dict):
+            return _DTYPES.get(meta.get("dtype"), meta.get("dtype"))
+    return None
+
+
+def prefix_cache_of(path: Path, kv_bits: int | None = None, kv_group_size: int = 64) -> tuple[str, bool | None]:
+    """(cache layout or why there is none, whether the prefix cache can be on) of a model folder,
+    as ``--kv-bits`` would serve it, without reading its weights; None for a model mlx-lm does not
+    build as a language model (an embedding model omlx serves with its own encoder)."""
+    from omlx.engine.cache_spec import describe_model_cache
+
+    try:
+        return describe_model_cache(path, kv_bits, kv_group_size)
+    except Exception as e:  # not an mlx-lm language model: no prefix cache applies
+        return f"not an mlx-lm language model ({type(e).__name__}: {e})", None
