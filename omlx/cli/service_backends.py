@@ -254,6 +254,12 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def systemd_path(path: str) -> str:
+    """A path for a unit setting that takes one path (WorkingDirectory=, EnvironmentFile=,
+    StandardOutput=append:): taken literally, spaces included; only specifiers (``%``) escaped."""
+    return path.replace("%", "%%")
+
+
 def systemd_unit_name(port: int) -> str:
     return f"omlx-{port}.service"
 
@@ -275,10 +281,10 @@ def render_systemd_unit(spec: ServiceSpec) -> str:
         "[Service]",
         "Type=simple",
         f"ExecStart={' '.join(systemd_quote(a) for a in spec.argv)}",
-        f"WorkingDirectory={systemd_quote(spec.base)}",
-        f"EnvironmentFile=-{systemd_quote(str(p.env_file))}",
-        f"StandardOutput=append:{p.log}",
-        f"StandardError=append:{p.log}",
+        f"WorkingDirectory={systemd_path(spec.base)}",
+        f"EnvironmentFile=-{systemd_path(str(p.env_file))}",
+        f"StandardOutput=append:{systemd_path(str(p.log))}",
+        f"StandardError=append:{systemd_path(str(p.log))}",
         "KillSignal=SIGTERM",
         "KillMode=mixed",
         f"TimeoutStopSec={STOP_TIMEOUT_S}",
