@@ -80,6 +80,7 @@ def _clean_errors(say: _Say) -> Iterator[None]:
         say(f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}")
         raise typer.Exit(1) from e
     except KeyboardInterrupt as e:
+        say("interrupted (a server already started keeps running: `omlx status`, `omlx stop`)")
         raise typer.Exit(130) from e
 
 
@@ -479,7 +480,8 @@ def restart(port: PortOpt = None, base_path: BaseOpt = None, config: ConfigOpt =
         if spec is None:
             raise ServiceError(f"no service recorded for port {paths.port} under {paths.base}; "
                                "start one with `omlx start` (its settings are then reused by restart)")
-        stop_service(spec, paths, timeout_s, False, say)
+        if not stop_service(spec, paths, timeout_s, False, say):
+            say(f"omlx was not running on port {paths.port}; starting it")
         run_cfg = config_from({"host": spec.host, "port": spec.port, "base_path": spec.base,
                                "api_key": spec.env.get("OMLX_API_KEY")}, None)
         spec = start_service(replace(spec, pid=None, create_time=None), backend_for(spec.backend), run_cfg, wait_s, say)
