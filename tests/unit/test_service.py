@@ -278,3 +278,59 @@ def test_logs_tail_and_follow(tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+# ---- systemd and launchd backends, against recording stand-ins for systemctl and launchctl --------
+
+
+def _fake_tool(bin_dir: Path, name: str, stdout: str = "") -> Path:
+    """An executable ``name`` that appends its arguments to ``<bin_dir>/calls`` and prints ``stdout``."""
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text(f"#!/bin/sh\necho \"{name} $*\" >> {bin_dir}/calls\nprintf '%s' '{stdout}'\n")
+    tool.chmod(0o755)
+    return bin_dir / "calls"
+
+
+def test_systemd_backend_writes_the_unit_and_drives_systemctl(tmp_path, monkeypatch):
+    from omlx.cli.service_backends import SystemdBackend
+
+    calls = _fake_tool(tmp_path / "bin", "systemctl", "4242\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    s = spec_for(tmp_path, api_key="k")
+    assert SystemdBackend.available()
+    b = SystemdBackend()
+    b.start(s)
+    unit = tmp_path / "xdg" / "systemd" / "user" / "omlx-8123.service"
+    assert unit.read_text() == render_systemd_unit(s)
+    env_file = s.paths.env_file
+    assert 'OMLX_API_KEY="k"' in env_file.read_text() and (env_file.stat().st_mode & 0o077) == 0
+    assert b.pid(s, s.paths) == 4242
+    assert b.stop(s, s.paths, 5)
+    assert calls.read_text().splitlines() == [
+        "systemctl --user show-environment", "systemctl --user daemon-reload",
+        "systemctl --user enable --now omlx-8123.service", "systemctl --user show -p MainPID --value omlx-8123.service",
+        "systemctl --user disable --now omlx-8123.service"]
+
+
+def test_launchd_backend_writes_the_plist_and_drives_launchctl(tmp_path, monkeypatch):
+    from omlx.cli.service_backends import LaunchdBackend
+
+    calls = _fake_tool(tmp_path / "bin", "launchctl", "gui/501/omlx.serve.8123 = {\n\tstate = running\n\tpid = 4343\n}\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    s = spec_for(tmp_path, api_key="k")
+    b = LaunchdBackend()
+    b.start(s)
+    plist = tmp_path / "home" / "Library" / "LaunchAgents" / "omlx.serve.8123.plist"
+    assert plistlib.loads(plist.read_bytes())["ProgramArguments"] == list(s.argv)
+    assert (plist.stat().st_mode & 0o077) == 0  # it holds the API key
+    assert b.pid(s, s.paths) == 4343
+    b.stop(s, s.paths, 0.1)
+    assert not plist.exists()  # not started again at the next login
+    uid = os.getuid()
+    assert calls.read_text().splitlines() == [
+        f"launchctl bootout gui/{uid}/omlx.serve.8123", f"launchctl bootstrap gui/{uid} {plist}",
+        f"launchctl print gui/{uid}/omlx.serve.8123", f"launchctl print gui/{uid}/omlx.serve.8123",
+        f"launchctl bootout gui/{uid}/omlx.serve.8123"]
