@@ -191,15 +191,22 @@ def running_pid(spec: ServiceSpec | None, paths: ServicePaths) -> tuple[int | No
     return pid, None
 
 
-def _log_tail(path: Path, offset: int = 0, num_lines: int = 40) -> str:
+def _log_tail(path: Path, offset: int = 0, num_lines: int = 40, end: int | None = None) -> str:
+    """The last ``num_lines`` lines of ``path`` between bytes ``offset`` and ``end`` (default: its
+    size), read from the end in 64 KiB steps (a log may be large)."""
     try:
         with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
+            end = os.fstat(f.fileno()).st_size if end is None else end
+            start, data = end, b""
+            while start > offset and data.count(b"\n") <= num_lines:
+                step = min(65536, start - offset)
+                start -= step
+                f.seek(start)
+                data = f.read(step) + data
     except FileNotFoundError:
         return "(no log)"
     lines = data.decode(errors="replace").splitlines()
-    return "\n".join(lines[-num_lines:])
+    return "\n".join(lines[-num_lines:]) if num_lines > 0 else ""
 
 
 def start_service(spec: ServiceSpec, backend: Backend, cfg: ServerConfig, wait_s: float,
@@ -517,21 +524,22 @@ def logs(port: PortOpt = None, base_path: BaseOpt = None, config: ConfigOpt = No
         say(f"no log at {paths.log} (has `omlx start` run on port {paths.port}?)")
         raise typer.Exit(1)
     with _clean_errors(say):
-        tail = _log_tail(paths.log, 0, max(lines, 0)) if lines > 0 else ""
+        end = paths.log.stat().st_size  # follow from here: a line written while the tail prints is not lost
+        tail = _log_tail(paths.log, 0, lines, end)
         if tail:
             typer.echo(tail)
         if follow:
             try:
-                _follow(paths.log)
+                _follow(paths.log, end)
             except KeyboardInterrupt:
                 raise typer.Exit(0) from None
 
 
-def _follow(path: Path, poll_s: float = 0.25) -> None:
-    """Print what is appended to ``path`` until interrupted; starts over when the file is
-    truncated or replaced (a new start of a launchd/systemd service keeps appending)."""
+def _follow(path: Path, offset: int, poll_s: float = 0.25) -> None:
+    """Print what is appended to ``path`` after byte ``offset`` until interrupted; starts over
+    when the file is truncated or replaced."""
     f = open(path, "rb")
-    f.seek(0, os.SEEK_END)
+    f.seek(offset)
     try:
         while True:
             chunk = f.read()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import plistlib
+import select
 import shutil
 import signal
 import subprocess
@@ -264,13 +265,21 @@ def test_logs_tail_and_follow(tmp_path):
     log.write_text("".join(f"line {i}\n" for i in range(10)))
     r = omlx("logs", "--base-path", str(tmp_path), "--port", "8994", "-n", "3")
     assert r.returncode == 0 and r.stdout == "line 7\nline 8\nline 9\n", r.stdout
+    r = omlx("logs", "--base-path", str(tmp_path), "--port", "8994", "-n", "0")
+    assert r.returncode == 0 and r.stdout == "", r.stdout
     p = subprocess.Popen([PY, "-m", "omlx", "logs", "--base-path", str(tmp_path), "--port", "8994", "-n", "1", "-f"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def readline(timeout_s: float = 60) -> str:
+        ready, _, _ = select.select([p.stdout], [], [], timeout_s)
+        assert ready, "omlx logs -f printed nothing"
+        return p.stdout.readline()
+
     try:
-        assert p.stdout.readline() == "line 9\n"
+        assert readline() == "line 9\n"
         with open(log, "a") as f:
             f.write("appended\n")
-        assert p.stdout.readline() == "appended\n"
+        assert readline() == "appended\n"
         p.send_signal(signal.SIGINT)  # Ctrl-C ends it cleanly
         assert p.wait(30) == 0
         assert "Traceback" not in p.stderr.read()
@@ -334,3 +343,13 @@ def test_launchd_backend_writes_the_plist_and_drives_launchctl(tmp_path, monkeyp
         f"launchctl bootout gui/{uid}/omlx.serve.8123", f"launchctl bootstrap gui/{uid} {plist}",
         f"launchctl print gui/{uid}/omlx.serve.8123", f"launchctl print gui/{uid}/omlx.serve.8123",
         f"launchctl bootout gui/{uid}/omlx.serve.8123"]
+
+
+def test_log_tail_reads_from_the_end(tmp_path):
+    log = tmp_path / "big.log"
+    log.write_text("".join(f"{i:06d} {'x' * 90}\n" for i in range(5000)))  # ~485 KB
+    assert service._log_tail(log, 0, 3).splitlines() == [f"{i:06d} {'x' * 90}" for i in (4997, 4998, 4999)]
+    assert len(service._log_tail(log, 0, 2000).splitlines()) == 2000
+    offset = 4990 * 98  # only what a start appended after this byte
+    assert service._log_tail(log, offset, 40).splitlines()[0].startswith("004990")
+    assert service._log_tail(log, 0, 1, end=98).startswith("000000")
