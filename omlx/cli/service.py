@@ -259,6 +259,8 @@ def start_service(spec: ServiceSpec, backend: Backend, cfg: ServerConfig, wait_s
     while True:
         code = backend.exited(spec)
         if code is not None:
+            if isinstance(backend, PidfileBackend):
+                paths.pid.unlink(missing_ok=True)
             raise ServiceError(f"omlx serve exited with code {code} before answering; last lines of {paths.log}:\n"
                                f"{_log_tail(paths.log, offset)}")
         if health_ok(spec.url):

@@ -146,3 +146,15 @@ def test_stop_flushes_the_hot_tier_to_disk(svc):
     assert r.returncode == 3 and "not running" in r.stdout
     r = svc.run("stop")
     assert r.returncode == 0 and f"omlx is not running on port {svc.port}" in r.stderr
+
+
+def test_a_start_that_fails_shows_the_log_tail(tmp_path):
+    base = tmp_path / "home"
+    base.mkdir()
+    (base / "models").symlink_to(TEST_HOME / "models", target_is_directory=True)
+    s = Svc(base, free_port())
+    r = s.run("start", "--backend", "pidfile", "--model", "no-such-model", "--wait-s", "120")
+    assert r.returncode == 1 and "omlx serve exited with code 1 before answering" in r.stderr, r.stderr
+    assert "no-such-model" in r.stderr.split("last lines of", 1)[1]  # serve's own reason, from the log
+    assert not (base / "run" / f"serve-{s.port}.pid").exists()
+    assert s.run("status").returncode == 3
