@@ -443,9 +443,9 @@ def _start(backend: str, wait_s: float, **options: Any) -> None:
 
 def _with_serve_options(func: Callable[..., None]) -> Callable[..., None]:
     """``func`` with every `omlx serve` option added to its signature, for Typer."""
-    own = [p.replace(annotation=h) for p, h in
-           ((p, typing.get_type_hints(func, include_extras=True)[p.name])
-            for p in inspect.signature(func).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD)]
+    hints = typing.get_type_hints(func, include_extras=True)
+    own = [p.replace(annotation=hints[p.name]) for p in inspect.signature(func).parameters.values()
+           if p.kind is not inspect.Parameter.VAR_KEYWORD]
     params = [*own, *_serve_options()]
 
     def command(**kwargs: Any) -> None:
