@@ -371,9 +371,14 @@ class Omlx < Formula
     EOS
   end
 
+  # `brew services start omlx`: `omlx serve` with ~/.omlx/config.toml's settings, now and at login.
+  # (`omlx start` runs its own LaunchAgent instead, with serve's flags; both serve port 8000 by default.)
   service do
     run [opt_bin/"omlx", "serve"]
-    keep_alive true
+    # Restart after a crash only: a refused start (a busy port, a bad model name) would only fail again.
+    keep_alive crashed: true
+    # An inference server, not a background job: keep macOS from throttling its CPU and I/O.
+    process_type :interactive
     working_dir var
     log_path var/"log/omlx.log"
     error_log_path var/"log/omlx.log"

@@ -1,8 +1,9 @@
 """`omlx launch claude|codex|opencode [-- ARGS]`: find or start the server, then run the client set up for it.
 
 The server is the one answering ``/health`` at the configured host and port; when none does,
-``omlx serve`` is started in the background (its own session, so it outlives the client; log
-``<base>/logs/serve-<port>.log``, pid ``<base>/run/serve-<port>.pid``). The model is ``--model``,
+``omlx serve`` is started in the background as ``omlx start --backend pidfile`` would
+(`omlx.cli.service`: its own session, so it outlives the client; log
+``<base>/logs/serve-<port>.log``, pid ``<base>/run/serve-<port>.pid``; ``omlx status|stop`` see it). The model is ``--model``,
 else the server's default (the first of ``/v1/models``). Then the client replaces this process
 (``os.execvpe``) with:
 
@@ -27,9 +28,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -145,37 +143,30 @@ def server_up(url: str, key: str) -> bool:
 
 
 def ensure_server(url: str, key: str, cfg: Any, model: str | None, config: str | None, wait_s: float) -> None:
-    """Use the server at ``url``, or start ``omlx serve`` in the background and wait for it.
+    """Use the server at ``url``, or start ``omlx serve`` in the background (the pidfile backend
+    of `omlx.cli.service`: record, pid file and log as ``omlx start`` writes them, so ``omlx
+    status|stop`` see it) and wait for it.
 
     Raises:
         typer.Exit: the started server exited or did not answer within ``wait_s`` (its log tail
             is printed).
     """
+    from omlx.cli.service import build_spec, start_service
+    from omlx.cli.service_backends import PidfileBackend, ServiceError
+
     if server_up(url, key):
         typer.echo(f"omlx launch: using the server at {url}", err=True)
         return
-    base = cfg.base_dir
-    (base / "logs").mkdir(parents=True, exist_ok=True)
-    (base / "run").mkdir(parents=True, exist_ok=True)
-    log = base / "logs" / f"serve-{cfg.port}.log"
-    cmd = [sys.executable, "-m", "omlx", "serve", "--host", cfg.host, "--port", str(cfg.port),
-           "--base-path", str(base), *(["--model", model] if model else []), *(["--config", config] if config else [])]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    (base / "run" / f"serve-{cfg.port}.pid").write_text(f"{proc.pid}\n")
-    typer.echo(f"omlx launch: started omlx serve on {url} (pid {proc.pid}, log {log}); waiting for it", err=True)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        if server_up(url, key):
-            return
-        time.sleep(0.5)
-    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
-    state = f"exited with {proc.returncode}" if proc.poll() is not None else f"did not answer within {wait_s:.0f} s"
-    typer.echo(f"omlx launch: omlx serve {state}; last lines of {log}:\n{tail}", err=True)
-    raise typer.Exit(1)
+    spec = build_spec(cfg, {"model": [model] if model else None, "config": config}, "pidfile")
+
+    def say(text: str) -> None:
+        typer.echo(f"omlx launch: {text}", err=True)
+
+    try:
+        start_service(spec, PidfileBackend(), cfg, wait_s, say)
+    except ServiceError as e:
+        say(str(e))
+        raise typer.Exit(1) from e
 
 
 def served_model(url: str, key: str, model: str | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import typer
 
@@ -40,28 +40,7 @@ def serve(
     cluster_secret: Annotated[Optional[str], typer.Option(help="Shared cluster secret (or OMLX_CLUSTER_SECRET, [cluster] secret).")] = None,
     peer: Annotated[Optional[list[str]], typer.Option("--peer", help="Static cluster peer host:port; repeat for several.")] = None,
 ) -> None:
-    flags = {
-        "models": tuple(model) if model else None,
-        "host": host,
-        "port": port,
-        "max_concurrent_requests": max_concurrent_requests,
-        "max_queued_requests": max_queued_requests,
-        "base_path": base_path,
-        "api_key": api_key,
-        "cache.block_size": block_size,
-        "cache.hot_cache_max_bytes": hot_cache_max_size,
-        "cache.enabled": False if no_cache else None,
-        "cache.ssd_cache_dir": ssd_cache_dir,
-        "cache.ssd_cache_max_bytes": ssd_cache_max_size,
-        "cache.ssd_enabled": False if no_ssd_cache else None,
-        "kv_bits": kv_bits,
-        "kv_group_size": kv_group_size,
-        "memory.ceiling_bytes": memory_ceiling,
-        "log_level": log_level,
-        "aliases": parse_aliases(alias) if alias else None,
-        "context_scale_to": context_scale_to,
-        "cluster.peers": tuple(peer) if peer else None,
-    }
+    flags = serve_flags(locals())
     cfg = config_from(flags, config)
     reexec_with_blas(cfg.preload_blas, ["-m", "omlx", *sys.argv[1:]])
     setup_logging(cfg.log_level)
@@ -78,6 +57,33 @@ def serve(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def serve_flags(o: Mapping[str, Any]) -> dict[str, Any]:
+    """`omlx serve`'s options, by parameter name (``locals()`` of `serve`; `omlx start` passes the
+    same) -> the ``flags`` of `omlx.config.load_config`. Options left out count as not given."""
+    return {
+        "models": tuple(o.get("model")) if o.get("model") else None,
+        "host": o.get("host"),
+        "port": o.get("port"),
+        "max_concurrent_requests": o.get("max_concurrent_requests"),
+        "max_queued_requests": o.get("max_queued_requests"),
+        "base_path": o.get("base_path"),
+        "api_key": o.get("api_key"),
+        "cache.block_size": o.get("block_size"),
+        "cache.hot_cache_max_bytes": o.get("hot_cache_max_size"),
+        "cache.enabled": False if o.get("no_cache") else None,
+        "cache.ssd_cache_dir": o.get("ssd_cache_dir"),
+        "cache.ssd_cache_max_bytes": o.get("ssd_cache_max_size"),
+        "cache.ssd_enabled": False if o.get("no_ssd_cache") else None,
+        "kv_bits": o.get("kv_bits"),
+        "kv_group_size": o.get("kv_group_size"),
+        "memory.ceiling_bytes": o.get("memory_ceiling"),
+        "log_level": o.get("log_level"),
+        "aliases": parse_aliases(o.get("alias")) if o.get("alias") else None,
+        "context_scale_to": o.get("context_scale_to"),
+        "cluster.peers": tuple(o.get("peer")) if o.get("peer") else None,
+    }
 
 
 def _serve_cluster(cfg: ServerConfig, cluster_secret: str | None) -> int:

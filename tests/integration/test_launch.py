@@ -84,7 +84,9 @@ def test_launch_claude_starts_the_server_then_reuses_it(tmp_path):
     (home / ".claude" / "settings.json").write_text('{"theme": "dark"}\n')
     ask = ["-p", "say hi", "--output-format", "json", "--no-session-persistence",
            "--system-prompt", "You are a helpful assistant. Answer briefly.", "--tools", "Bash,Read,Edit"]
-    first, second = run_in_netns([launch_cmd("claude", CLAUDE, base, *ask)] * 2, cwd=work, env=env, base=base)
+    status = [sys.executable, "-m", "omlx", "status", "--json", "--base-path", str(base), "--port", str(PORT)]
+    first, second, st = run_in_netns([launch_cmd("claude", CLAUDE, base, *ask)] * 2 + [status], cwd=work, env=env,
+                                     base=base)
     for r in (first, second):
         assert r["rc"] == 0, f"stdout:\n{r['stdout'][-3000:]}\nstderr:\n{r['stderr'][-4000:]}"
         out = json.loads(r["stdout"].strip().splitlines()[-1])
@@ -94,6 +96,10 @@ def test_launch_claude_starts_the_server_then_reuses_it(tmp_path):
     assert "using the server at http://127.0.0.1:8125" in second["stderr"]
     assert (home / ".claude" / "settings.json").read_text() == '{"theme": "dark"}\n'
     assert "loaded SmolLM2-135M-Instruct" in (base / "logs" / f"serve-{PORT}.log").read_text()
+    # The server launch started is a pidfile service: `omlx status` (and `omlx stop`) see it.
+    assert st["rc"] == 0, st["stdout"] + st["stderr"]
+    (svc,) = json.loads(st["stdout"])
+    assert svc["state"] == "running" and svc["backend"] == "pidfile" and svc["models"] == [MODEL_ID], svc
 
 
 def test_launch_codex_uses_a_private_codex_home(tmp_path):

@@ -82,6 +82,9 @@ def test_option_name_matches_the_build_switch(formula):
 def test_formula_service_and_test_blocks(formula):
     service = formula[formula.index("service do"):formula.index("test do")]
     assert 'run [opt_bin/"omlx", "serve"]' in service
+    # as omlx start's own LaunchAgent (omlx.cli.service_backends.render_launchd_plist): restart
+    # after a crash only, never throttled as a background job
+    assert "keep_alive crashed: true" in service and "process_type :interactive" in service
     test = formula[formula.index("test do"):]
     assert "omlx doctor --json" in test and "native_kernel_status()" in test
     assert "xcodebuild -downloadComponent MetalToolchain" in formula and "xcrun" in formula
