@@ -250,13 +250,14 @@ def mask_logits(logits: mx.array, matchers: Sequence[GrammarMatcher | None], gra
     if not rows:
         return logits
     words = (grammars.ll_tokenizer.vocab_size + 31) // 32
-    bitmask = np.full((batch, words), -1, dtype=np.int32)
+    bitmask = np.full((batch, words), -1, dtype=np.int32)  # rows not listed keep every token
     shared_executor().unsafe_compute_mask_ptr(rows, bitmask.ctypes.data, words * 4, batch)
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
-    if allowed.shape[1] < vocab:  # tokens past the grammar's vocabulary are never allowed
-        allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[1])))
-    allowed = allowed[:, :vocab].astype(bool)
-    for i, m in enumerate(matchers):  # rows without an active grammar keep every token
-        if m is None or not m.active:
-            allowed[i] = True
-    return mx.where(mx.array(allowed), logits, mx.array(-float("inf"), dtype=logits.dtype))
+    need = (vocab + 31) // 32
+    if need > words:  # tokens past the grammar's vocabulary: never allowed in a constrained row
+        pad = np.zeros((batch, need - words), dtype=np.int32)
+        pad[[i for i in range(batch) if i not in {r for _, r in rows}]] = -1
+        bitmask = np.concatenate([bitmask, pad], axis=1)
+    # The packed words go to the device (B x V/32 int32, not B x V booleans) and unpack there.
+    packed = mx.array(bitmask).view(mx.uint32)
+    allowed = ((packed[:, :, None] >> mx.arange(32, dtype=mx.uint32)) & 1).reshape(batch, -1)[:, :vocab]
+    return mx.where(allowed.astype(mx.bool_), logits, mx.array(-float("inf"), dtype=logits.dtype))
