@@ -70,19 +70,21 @@ def _with_start(c: Constraint, entry: PoolEntry, think: tuple[str, str] | None, 
     return Constraint(c.grammar, c.label, after) if after else c
 
 
-def _schema_constraint(entry: PoolEntry, kind: Any, schema: Any, name: Any, *, param: str, schema_param: str) -> Constraint | None:
+def _schema_constraint(entry: PoolEntry, kind: Any, schema: Any, name: Any, *, param: str, schema_param: str,
+                       think: tuple[str, str] | None, in_reasoning: bool) -> Constraint | None:
     if kind in (None, "text"):
         return None
     _require_engine(entry, param)
     grammars = entry.engine.grammars
     if kind == "json_object":
-        return grammars.json_object(param=param)
+        return _with_start(grammars.json_object(param=param), entry, think, in_reasoning)
     if kind == "json_schema":
         if schema is None:
             raise InvalidRequestError(f"'{schema_param}' is required for type json_schema", param=schema_param)
         if name is not None and not isinstance(name, str):
             raise InvalidRequestError(f"'{param}' name must be a string", param=param)
-        return grammars.json_schema(schema, label=f"json_schema {name!r}" if name else "json_schema", param=schema_param)
+        c = grammars.json_schema(schema, label=f"json_schema {name!r}" if name else "json_schema", param=schema_param)
+        return _with_start(c, entry, think, in_reasoning)
     raise InvalidRequestError(f"'{param}.type' must be 'text', 'json_object' or 'json_schema'; got {kind!r}", param=f"{param}.type")
 
 
@@ -102,9 +104,8 @@ def response_format(entry: PoolEntry, value: Any, *, think: tuple[str, str] | No
         raise InvalidRequestError("'response_format.json_schema' must be an object with 'name' and 'schema'",
                                   param="response_format.json_schema")
     js = js or {}
-    c = _schema_constraint(entry, value.get("type"), js.get("schema"), js.get("name"), param="response_format",
-                           schema_param="response_format.json_schema.schema")
-    return _with_start(c, entry, think, in_reasoning) if c is not None else None
+    return _schema_constraint(entry, value.get("type"), js.get("schema"), js.get("name"), param="response_format",
+                              schema_param="response_format.json_schema.schema", think=think, in_reasoning=in_reasoning)
 
 
 def text_format(entry: PoolEntry, text: Any, *, think: tuple[str, str] | None = None,
@@ -123,9 +124,8 @@ def text_format(entry: PoolEntry, text: Any, *, think: tuple[str, str] | None = 
         return None
     if not isinstance(fmt, dict):
         raise InvalidRequestError("'text.format' must be an object such as {'type': 'json_object'}", param="text.format")
-    c = _schema_constraint(entry, fmt.get("type"), fmt.get("schema"), fmt.get("name"), param="text.format",
-                           schema_param="text.format.schema")
-    return _with_start(c, entry, think, in_reasoning) if c is not None else None
+    return _schema_constraint(entry, fmt.get("type"), fmt.get("schema"), fmt.get("name"), param="text.format",
+                              schema_param="text.format.schema", think=think, in_reasoning=in_reasoning)
 
 
 def forced_tool_call(entry: PoolEntry, tools: list[dict[str, Any]], only: str | None, *, param: str,

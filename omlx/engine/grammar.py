@@ -55,10 +55,6 @@ def shared_executor() -> Any:
         return _executor
 
 
-def _schema_key(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 class Grammars:
     """Grammars for one model's tokenizer, validated and cached.
 
@@ -254,8 +250,9 @@ def mask_logits(logits: mx.array, matchers: Sequence[GrammarMatcher | None], gra
     shared_executor().unsafe_compute_mask_ptr(rows, bitmask.ctypes.data, words * 4, batch)
     need = (vocab + 31) // 32
     if need > words:  # tokens past the grammar's vocabulary: never allowed in a constrained row
+        masked = {r for _, r in rows}
         pad = np.zeros((batch, need - words), dtype=np.int32)
-        pad[[i for i in range(batch) if i not in {r for _, r in rows}]] = -1
+        pad[[i for i in range(batch) if i not in masked]] = -1
         bitmask = np.concatenate([bitmask, pad], axis=1)
     # The packed words go to the device (B x V/32 int32, not B x V booleans) and unpack there.
     packed = mx.array(bitmask).view(mx.uint32)
