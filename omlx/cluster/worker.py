@@ -21,7 +21,7 @@ releases and stores are replayed too, and the ranks agree on each request's cach
 Control message (JSON, broadcast from rank 0 before the call it describes)::
 
     {"op": "hello", "seed", "max_running", "prefill_step_size", "mixed_step_size", "block_size",
-     "stop_token_ids"}                               once
+     "stop_token_ids", "heartbeat_s"}                once
     {"op": "lookup", "lease": id, "tokens": [ids], "whole": bool, "prefill_tokens_per_s"}
                                                      then every rank gathers its count
     {"op": "insert", "segments": [[[ids]]], "max_tokens": [n], "sampling": [SamplingParams],
@@ -29,7 +29,12 @@ Control message (JSON, broadcast from rank 0 before the call it describes)::
     {"op": "next", "check": [[uid, token], ...]}     tokens rank 0 got from the previous next
     {"op": "remove", "uids": [...], "return_prompt_caches": bool}
     {"op": "release", "lease": id}  {"op": "store", "lease": id}
+    {"op": "ping"}                                   rank 0 is idle (every heartbeat_s): nothing to do
     {"op": "stop"}                                   rank 0 is shutting down: exit 0
+
+Every wait of a follower is bounded: a step by ``timeout_s``, the wait for rank 0's next message
+by ``heartbeat_s + timeout_s`` (an idle rank 0 pings). A follower stuck behind a frozen peer, in
+a step or before one, so exits with ``EXIT_PEER_LOST`` instead of hanging.
 """
 
 from __future__ import annotations
@@ -171,6 +176,8 @@ class ClusterEngine(Engine):
         self.pending_sampling = SamplingParams()
         self._inserting: Any = None
         self.watchdog = Watchdog(timeout_s, self._on_timeout, rank=0)
+        self.heartbeat_s = timeout_s / 2
+        self._last_message = time.monotonic()
         if prefix_cache is not None:
             self.prefix_cache = ClusterPrefixCache(prefix_cache, group, self.control, layer_ranges or [])
         mx.random.seed(seed)
@@ -179,7 +186,7 @@ class ClusterEngine(Engine):
                 "op": "hello", "seed": seed, "max_running": scheduler.max_running,
                 "prefill_step_size": self.prefill_step_size, "mixed_step_size": self.mixed_step_size,
                 "block_size": self.block_size,
-                "stop_token_ids": list(tokenizer.eos_token_ids),
+                "stop_token_ids": list(tokenizer.eos_token_ids), "heartbeat_s": self.heartbeat_s,
             })
 
     @property
@@ -198,6 +205,7 @@ class ClusterEngine(Engine):
             raise self.cluster_error
         with self.watchdog.step(what):
             try:
+                self._last_message = time.monotonic()
                 self.group.broadcast_message(message)
                 return fn()
             except ClusterUnavailableError as e:
@@ -221,6 +229,15 @@ class ClusterEngine(Engine):
             self.state["error"] = error.message
             self.state["status"] = "lost"
             logger.error("%s", error.message)
+
+    def _idle(self) -> None:
+        # The followers bound their wait for the next message (module docstring): tell them
+        # rank 0 is alive and idle. A lost pipeline sends nothing more.
+        if self.cluster_error is None and time.monotonic() - self._last_message >= self.heartbeat_s:
+            try:
+                self.control("heartbeat", {"op": "ping"}, lambda: None)
+            except ClusterUnavailableError:
+                pass  # marked lost by control(); /health and new requests say so
 
     def _on_timeout(self, error: ClusterUnavailableError) -> None:
         # Watchdog thread: the engine thread is stuck in a collective and cannot be interrupted,
@@ -288,8 +305,8 @@ def run_follower(group: ClusterGroup, stage: StageModel, cache: FollowerPrefixCa
     ``cache`` is this rank's side of the prefix cache (its layers' tiers); without one, this rank
     still takes part in every lookup (reporting 0 cached tokens, so nobody uses the cache).
 
-    Waiting for the next message has no timeout (rank 0 may be idle for hours; its death closes
-    the socket, which MLX reports at once); every call it describes has ``group.timeout_s``.
+    Every call a message describes has ``group.timeout_s``; the wait for the next message has
+    the hello's ``heartbeat_s`` + ``group.timeout_s`` (an idle rank 0 pings every heartbeat_s).
 
     Returns:
         0 after a ``stop`` message. Exits the process with ``EXIT_PEER_LOST`` when a step times
@@ -315,9 +332,13 @@ def run_follower(group: ClusterGroup, stage: StageModel, cache: FollowerPrefixCa
         mine: dict[int, int] = {}
         num_steps = 0
         t0 = time.monotonic()
+        waiting = Watchdog(float(hello["heartbeat_s"]) + group.timeout_s, on_timeout, rank=rank)
         while True:
-            msg = group.broadcast_message(None)
+            with waiting.step("waiting for rank 0's next control message"):
+                msg = group.broadcast_message(None)
             op = msg["op"]
+            if op == "ping":
+                continue
             if op == "stop":
                 logger.info("rank %d: stopping after %d steps in %.0f s", rank, num_steps, time.monotonic() - t0)
                 pc.close()

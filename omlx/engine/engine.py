@@ -353,6 +353,7 @@ class Engine:
             if not self._by_uid and not self._ready:
                 self._wake.wait(0.05)
                 self._wake.clear()
+                self._idle()
                 continue
             self._arm_forward_fault()
             try:
@@ -392,6 +393,10 @@ class Engine:
             sinks.append(sink)
         self._ready.clear()
         self._fail_with_waiting(sinks, gone)
+
+    def _idle(self) -> None:
+        """Engine thread, about every 50 ms while nothing runs or waits; a hook for subclasses
+        (the cluster's rank 0 sends its heartbeat here)."""
 
     def _fail_with_waiting(self, sinks: list[Sink | None], error: Exception) -> None:
         """Send ``Failed(error)`` to ``sinks`` and to every request still waiting (which leaves

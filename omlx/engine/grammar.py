@@ -72,6 +72,8 @@ class Grammars:
         self._lock = threading.Lock()
         self._ll_tokenizer: Any = None
         self._valid: OrderedDict[str, str] = OrderedDict()  # sha256 -> grammar text
+        self.num_masked_steps = 0  # batch steps with a constrained row (engine thread)
+        self.mask_host_s = 0.0  # host seconds those steps spent consuming tokens and computing masks
 
     @property
     def ll_tokenizer(self) -> Any:

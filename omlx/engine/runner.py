@@ -124,11 +124,14 @@ def _sample(seqs: Sequence[_Seq], logits: mx.array, inputs: mx.array | None,
     """
     if grammars is not None and any(s.grammar is not None for s in seqs):
         mx.async_eval(logits)  # the forward runs while the host reads inputs and builds the masks
-        if inputs is not None:
-            for s, t in zip(seqs, inputs.tolist()):
-                if s.grammar is not None:
-                    s.grammar.consume(t)
+        fed = inputs.tolist() if inputs is not None else None  # waits for the previous step
+        t0 = time.perf_counter()
+        for s, t in zip(seqs, fed or ()):
+            if s.grammar is not None:
+                s.grammar.consume(t)
         logits = mask_logits(logits, [s.grammar for s in seqs], grammars)
+        grammars.num_masked_steps += 1
+        grammars.mask_host_s += time.perf_counter() - t0
     if any(s.processors for s in seqs):
         rows = []
         for i, s in enumerate(seqs):

@@ -256,9 +256,7 @@ def test_two_ranks_planned_split_matches_single_node_then_survives_nothing_when_
 def test_three_ranks_uneven_split_matches_single_node_and_a_frozen_rank_times_out(tmp_path, reference):
     outputs, _ = reference
     # Rank 0 runs without a prefix cache, so no rank takes anything from its cache (no lookups
-    # are sent) and the split alone must give the single node's logits bit for bit. (With
-    # lookups, the last rank does not always stop by itself when the middle one freezes: it can
-    # be left waiting for a control message, which has no timeout; rank 0 still answers 503.)
+    # are sent) and the split alone must give the single node's logits bit for bit.
     cluster = Cluster(tmp_path, "0:4,4:21,21:30", rank_env={0: {"OMLX_CACHE_ENABLED": "0"}}).start()
     try:
         body = httpx.get(cluster.url + "/health").json()
@@ -270,6 +268,12 @@ def test_three_ranks_uneven_split_matches_single_node_and_a_frozen_rank_times_ou
         again = chat(cluster.url, PROMPTS[0])
         assert tokens_of(again) == outputs[PROMPTS[0]] and cached(again) == (0, 0), again["usage"]
 
+        # Idle for longer than a follower's bound on waiting for a message (heartbeat_s + the
+        # step timeout = 9 s): rank 0's pings keep every rank in the pipeline.
+        time.sleep(TIMEOUT_S * 1.5 + 2)
+        assert [p.poll() for p in cluster.procs] == [None] * 3, cluster.log(2)
+        assert httpx.get(cluster.url + "/health").status_code == 200
+
         # Freeze the middle rank (alive, sockets open: no EOF). The watchdog must answer.
         os.killpg(cluster.procs[1].pid, signal.SIGSTOP)
         t0 = time.monotonic()
@@ -279,7 +283,9 @@ def test_three_ranks_uneven_split_matches_single_node_and_a_frozen_rank_times_ou
         assert "did not complete within" in r.json()["error"]["message"]
         assert elapsed < TIMEOUT_S + 5, elapsed
         assert httpx.get(cluster.url + "/health").status_code == 503
-        # The last rank, stuck behind the frozen one, stops itself with the peer-lost code.
+        # The last rank, stuck behind the frozen one (in a step, or waiting for the message that
+        # the frozen rank never passed on: a bounded wait, rank 0 pings when idle), stops itself
+        # with the peer-lost code.
         assert cluster.procs[2].wait(TIMEOUT_S + 10) == 3, cluster.log(2)
     finally:
         cluster.stop()
