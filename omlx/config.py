@@ -289,6 +289,11 @@ class ServerConfig:
         api_key: required on every route when set.
         max_body_bytes: larger request bodies get a 413.
         keepalive_s: SSE keep-alive period while a prompt is prefilled.
+        idle_text_after_s: Anthropic streams only: once a stream has gone this many seconds
+            without content (a long prefill, a long queue wait), its keep-alives become empty
+            ``text_delta`` events in an open text block, because Claude Code's stream idle
+            watchdog (300 s) ignores ``ping`` events; None keeps pings. The turn's first block
+            is then a text block, empty when the model's answer starts with a tool call.
         preload_blas: re-exec with OpenBLAS preloaded on Linux when MLX would use reference BLAS.
         disable_kernels: native kernels to keep off (names from ``metal/``, or "all"); each is
             reported at start-up and in /health.
@@ -316,6 +321,7 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     keepalive_s: float = 5.0
+    idle_text_after_s: float | None = 60.0
     preload_blas: bool = True
     log_level: str = "INFO"
     disable_kernels: tuple[str, ...] = ()
@@ -358,6 +364,7 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_API_KEY": "api_key",
     "OMLX_MAX_BODY_BYTES": "max_body_bytes",
     "OMLX_KEEPALIVE_S": "keepalive_s",
+    "OMLX_IDLE_TEXT_AFTER_S": "idle_text_after_s",
     "OMLX_CONTEXT_SCALE_TO": "context_scale_to",
     "OMLX_KV_BITS": "kv_bits",
     "OMLX_KV_GROUP_SIZE": "kv_group_size",
@@ -406,6 +413,8 @@ def _coerce(key: str, value: Any) -> Any:
         return int(value)
     if name == "kv_bits":
         return None if value in (None, "", "none", "off") else int(value)
+    if name == "idle_text_after_s":
+        return None if value in (None, "", "none", "off") else float(value)
     if name == "context_scale_to":
         return None if value in (None, "", 0, "0") else int(value)
     if name in ("keepalive_s", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s",

@@ -24,6 +24,7 @@ Mapping onto the chat template (HF templates take OpenAI-style tool messages):
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -452,10 +453,20 @@ async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
     await holds_of(http).checkpoint("responded")
     started = False  # message_start waits for Admitted, so its usage knows the cache hit
     out: list[SseEvent] = []  # the stream events of the batch being framed
+    idle_text_after_s = http.app.ctx.config.idle_text_after_s
+    t0 = time.monotonic()
     try:
         # One send per batch of engine events: all its stream events go out in one write.
         async for batch in turn.batches(admitted=True):
             if batch is KEEPALIVE:
+                if idle_text_after_s is not None and time.monotonic() - t0 >= idle_text_after_s:
+                    # a long silence: events Claude Code's idle watchdog counts (config.py)
+                    if not started:
+                        started = True
+                        out += builder.start()  # the cache hit is not known yet: 0 cached here
+                    events, out = out + builder.idle_text(), []
+                    await resp.send(to_sse(events))
+                    continue
                 # still queued: a comment keeps the connection alive; then pings
                 await resp.send(to_sse([builder.ping()]) if started else SSE_COMMENT_KEEPALIVE)
                 continue

@@ -13,7 +13,10 @@
 
 ``ping`` may appear anywhere after message_start. A block opens only when it has content, so a
 turn that is only a tool call starts with the tool_use block at index 0 (no empty text block:
-Anthropic rejects empty text blocks when a client replays them).
+Anthropic rejects empty text blocks when a client replays them). The one exception is
+`idle_text`, the keep-alive of a long silence: an empty ``text_delta`` in an open text block
+(Claude Code's stream idle watchdog counts those, not pings), which may leave an empty text
+block before a tool call; omlx accepts such a block when it is replayed.
 
 The builder is pure: no HTTP, no engine, no clock. It returns ``(event name, data)`` pairs; the
 route writes them as SSE (`to_sse`) or drops them and returns ``builder.message`` (both modes
@@ -200,6 +203,19 @@ class MessageBuilder:
     @staticmethod
     def ping() -> SseEvent:
         return "ping", {"type": "ping"}
+
+    def idle_text(self) -> list[SseEvent]:
+        """A keep-alive that resets a client's stream idle watchdog: an empty ``text_delta``.
+
+        In the open text block, or in a new one when no block has opened yet; a ``ping`` while
+        a thinking or tool_use block is open (an empty delta of those would change nothing).
+        """
+        if self._open_kind != "text" and self.content:
+            return [self.ping()]
+        out = [] if self._open_kind == "text" else self._begin("text", {"type": "text", "text": ""})
+        out.append(("content_block_delta", {"type": "content_block_delta", "index": len(self.content) - 1,
+                                            "delta": {"type": "text_delta", "text": ""}}))
+        return out
 
     # ---- blocks -----------------------------------------------------------------------
 

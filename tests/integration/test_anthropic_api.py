@@ -102,9 +102,10 @@ def stream_events(server, body: dict, path: str = "/v1/messages?beta=true", head
     return events
 
 
-def check_stream(events) -> Message:
+def check_stream(events, allow_idle_text: bool = False) -> Message:
     """Anthropic's order (message_start, blocks start/delta*/stop, message_delta, message_stop; pings
-    anywhere after message_start), every event valid for the SDK; returns the SDK's final Message."""
+    anywhere after message_start), every event valid for the SDK; returns the SDK's final Message.
+    ``allow_idle_text``: the first block may be an empty text block (the idle keep-alive's)."""
     assert events and events[0][0] == "message_start"
     names = [n for n, _ in events if n != "ping"]
     assert names[-2:] == ["message_delta", "message_stop"], names
@@ -126,7 +127,8 @@ def check_stream(events) -> Message:
             snapshot = accumulate_event(event=EVENT.validate_python(d), current_snapshot=snapshot, json_bufs=bufs)
     final = Message.model_validate(snapshot.model_dump())
     assert final.stop_reason in ("end_turn", "max_tokens", "stop_sequence", "tool_use")
-    assert all(not (b.type == "text" and b.text == "") for b in final.content), "empty text block"
+    assert all(not (b.type == "text" and b.text == "") for b in final.content[1 if allow_idle_text else 0:]), \
+        "empty text block"
     return final
 
 
@@ -444,6 +446,36 @@ def test_context_scaling_reports_scaled_counts(server):
         big = {**body, "messages": [{"role": "user", "content": "word " * 9000}]}
         err = httpx.post(scaled.url + "/v1/messages", json=big, headers=h).json()["error"]["message"]
         assert err.startswith("prompt is too long: ") and err.endswith("> 16382 maximum")
+
+
+def test_long_silence_keeps_alive_with_empty_text_deltas_and_the_turn_replays():
+    """Issue 27: Claude Code's stream idle watchdog ignores pings but counts empty text deltas.
+    With idle_text_after_s = 0 every keep-alive of a prefill is one (the default waits 60 s)."""
+    env = {"OMLX_KEEPALIVE_S": "0.2", "OMLX_IDLE_TEXT_AFTER_S": "0"}
+    with ServerProcess(["-m", MODEL_ID, "--no-cache"], env=env) as s:
+        h = {**VERSION, "content-type": "application/json"}
+        long = f"Run {uuid.uuid4().hex}. Summarize: " + "the cat sat on the mat. " * 120
+        body = {"model": MODEL_ID, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": long}]}
+        events = stream_events(s, body, headers=h)
+        final = check_stream(events)
+        deltas = [d["delta"]["text"] for n, d in events if n == "content_block_delta"]
+        assert deltas[0] == "" and "ping" not in [n for n, _ in events], [n for n, _ in events][:8]
+        whole = httpx.post(s.url + "/v1/messages", json=body, headers=h, timeout=300).json()
+        assert text_of(final) == "".join(b["text"] for b in whole["content"] if b["type"] == "text")
+
+        # A forced tool call after the keep-alives: an empty text block, then the tool_use block.
+        forced = {**body, "max_tokens": 40, "tools": [BASH], "tool_choice": {"type": "any"},
+                  "messages": [{"role": "user", "content": long + " List the files."}]}
+        events = stream_events(s, forced, headers=h)
+        final = check_stream(events, allow_idle_text=True)
+        assert [b.type for b in final.content] == ["text", "tool_use"] and final.content[0].text == ""
+        assert final.stop_reason == "tool_use" and isinstance(final.content[1].input.get("command"), str)
+        # The client replays the turn as it got it (the empty text block included): accepted.
+        replay = {**forced, "tool_choice": {"type": "auto"}, "messages": [
+            *forced["messages"], {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": final.content[1].id, "content": "a.txt"}]}]}
+        r = httpx.post(s.url + "/v1/messages", json=replay, headers=h, timeout=300)
+        assert r.status_code == 200, r.text
 
 
 # ---- a failure after the stream started (keep last: it unloads the tools model) -------------------

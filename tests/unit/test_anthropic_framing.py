@@ -111,6 +111,32 @@ def test_text_then_two_tools_indexes_and_parallel_limit():
     assert sdk_final(ev1).content[1].input == {"command": "ls"}
 
 
+def test_idle_text_opens_a_text_block_that_the_answer_continues():
+    b = MessageBuilder("m", 10, message_id="msg_1")
+    ev = b.start() + b.idle_text() + b.idle_text() + b.text("Hi") + b.finish(STOP)
+    assert names(ev) == ["message_start", "content_block_start", "content_block_delta", "content_block_delta",
+                         "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
+    assert [d["delta"] for n, d in ev if n == "content_block_delta"] == [
+        {"type": "text_delta", "text": ""}, {"type": "text_delta", "text": ""}, {"type": "text_delta", "text": "Hi"}]
+    assert b.message["content"] == [{"type": "text", "text": "Hi"}]
+    assert sdk_final(ev).content[0].text == "Hi"
+
+
+def test_idle_text_before_a_tool_call_leaves_one_empty_text_block_and_pings_inside_other_blocks():
+    b = MessageBuilder("m", 10)
+    ev = b.start() + b.idle_text()
+    ev += b.feed(ToolCallStart(0, "call_1", "Bash")) + b.feed(ToolCallArgsDelta(0, '{"command": "ls"}'))
+    assert b.idle_text() == [MessageBuilder.ping()]  # inside the tool_use block
+    ev += b.feed(ToolCallEnd(0))
+    assert b.idle_text() == [MessageBuilder.ping()]  # after content: no new empty block
+    b2 = MessageBuilder("m", 10)
+    b2.start(), b2.thinking("hmm")
+    assert b2.idle_text() == [MessageBuilder.ping()]
+    final = sdk_final(ev + b.finish(STOP))
+    assert [c.type for c in final.content] == ["text", "tool_use"] and final.content[0].text == ""
+    assert final.content[1].input == {"command": "ls"} and final.stop_reason == "tool_use"
+
+
 def test_thinking_block_gets_signature_delta_before_stop():
     b = MessageBuilder("m", 10)
     ev = b.start() + b.thinking("Let me ") + b.thinking("think.") + b.text("4") + b.finish(STOP)
