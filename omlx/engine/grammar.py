@@ -135,8 +135,9 @@ class Grammars:
             options.append({"type": "object", "properties": {name_key: {"const": name}, args_key: args},
                             "required": [name_key, args_key], "additionalProperties": False})
         schema = {"anyOf": options, "x-guidance": JSON_OPTIONS} if len(options) > 1 else {**options[0], "x-guidance": JSON_OPTIONS}
-        one = " ".join(p for p in (_lark_str(prefix), "@call", _lark_str(suffix)) if p)
-        lark = f"start: {one}" + (f" ({_lark_str(more)} @call {_lark_str(suffix)})*" if more is not None else "")
+        pre, post = self._lark_text(prefix), self._lark_text(suffix)
+        one = " ".join(p for p in (pre, "@call", post) if p)
+        lark = f"start: {one}" + (f" ({self._lark_text(more)} @call {post})*" if more is not None else "")
         grammar = json.dumps({"grammars": [{"lark_grammar": lark}, {"name": "call", "json_schema": schema}]})
         try:
             return Constraint(self._validated(grammar, param), "tool call", tuple(start_after))
@@ -162,6 +163,33 @@ class Grammars:
             while len(self._valid) > _CACHE_SIZE:
                 self._valid.popitem(last=False)
         return grammar
+
+    def _lark_text(self, text: str) -> str:
+        """``text`` as a Lark expression: a string literal, except that a token the tokenizer
+        added (Qwen's ``<tool_call>``) is matched as that token, ``<[id]>``.
+
+        llguidance gives a special token no text bytes, so a literal ``"<tool_call>"`` could only
+        be spelled with ordinary tokens, which is not what the model writes: its mask offers the
+        special token, and consuming that token puts the matcher in an error state.
+        """
+        if not text:
+            return ""
+        hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+        added = getattr(hf, "get_added_vocab", dict)()
+        names = sorted((t for t in added if t and t in text), key=len, reverse=True)
+        if not names:
+            return _lark_str(text)
+        parts, i = [], 0
+        while i < len(text):
+            hit = next((t for t in names if text.startswith(t, i)), None)
+            if hit is None:
+                j = min((k for k in (text.find(t, i) for t in names) if k >= 0), default=len(text))
+                parts.append(_lark_str(text[i:j]))
+                i = j
+            else:
+                parts.append(f"<[{added[hit]}]>")
+                i += len(hit)
+        return " ".join(parts)
 
     # ---- per request --------------------------------------------------------------------
 

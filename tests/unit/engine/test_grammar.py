@@ -125,3 +125,19 @@ def test_a_strict_auto_grammar_waits_for_the_marker_then_takes_calls_in_a_row(to
     two = '\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "a", "arguments": {"x": 2}}\n</tool_call>'
     ids = tokenizer.encode(two, add_special_tokens=False)
     assert m.matcher.try_consume_tokens(ids) == len(ids) and m.complete
+
+
+def test_a_call_marker_that_is_an_added_token_is_matched_as_that_token(tokenizer, grammars):
+    """Qwen's ``<tool_call>`` is one added token with no text bytes for llguidance: as a string
+    literal its mask offered the token and consuming it broke the matcher (a forced call came
+    back as text). Here SmolLM2's added ``<|im_start|>`` stands in for it."""
+    marker = "<|im_start|>"
+    assert marker in tokenizer._tokenizer.get_added_vocab()
+    assert grammars._lark_text(marker + "call\n") == f'<[{tokenizer.convert_tokens_to_ids(marker)}]> "call\\n"'
+    c = grammars.tool_call([("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})],
+                           prefix=marker + "call\n", suffix="\n" + marker, name_key="name", args_key="arguments", param="p")
+    m = grammars.matcher(c)
+    text = marker + 'call\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n' + marker
+    for t in tokenizer.encode(text, add_special_tokens=False):
+        m.consume(t)
+    assert m.complete and not m.matcher.is_error(), m.matcher.get_error()
