@@ -89,9 +89,17 @@ class PullResult:
 
 
 def parse_hub_id(spec: str) -> HubRef | None:
-    """``ORG/NAME[@REVISION]`` -> `HubRef`; None for anything else (a path, a bare name)."""
+    """``ORG/NAME[@REVISION]`` -> `HubRef`; None for anything else (a path, a bare name, a repo id
+    the hub cannot have: huggingface_hub's ``validate_repo_id``, e.g. a name ending in ``-``)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
     m = _HUB_ID.fullmatch(spec)
     if m is None or ".." in spec:
+        return None
+    try:
+        validate_repo_id(m["repo"])
+    except HFValidationError:
         return None
     return HubRef(m["repo"], m["rev"])
 

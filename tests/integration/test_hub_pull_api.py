@@ -169,10 +169,12 @@ def test_not_enough_disk_is_a_507_before_anything_is_written(server, hub, cache)
     ({"repo": 7}, "repo", "'repo' must be a string"),
     ({"repo": "just-a-name"}, "repo", "'repo' must be a Hugging Face model id ORG/NAME"),
     ({"repo": "../etc/passwd"}, "repo", "must be a Hugging Face model id"),
+    ({"repo": "0-/NW"}, "repo", "must be a Hugging Face model id"),  # no hub repo ends in '-' (schemathesis found it)
     ({"repo": REPO_ID, "revision": ""}, "revision", "'revision' must not be empty"),
     ({"repo": f"{REPO_ID}@main", "revision": "v1"}, "revision", "must be a Hugging Face model id"),
     ({"repo": REPO_ID, "branch": "main"}, "branch", "unknown field(s) 'branch'"),
-], ids=["not-json", "array", "no-repo", "repo-not-string", "bare-name", "path", "empty-revision", "two-revisions",
+], ids=["not-json", "array", "no-repo", "repo-not-string", "bare-name", "path", "hub-invalid", "empty-revision",
+        "two-revisions",
         "unknown-key"])
 def test_a_malformed_body_is_a_400(server, body, param, says):
     err = assert_error(post_pull(server, body), 400, says=says)
