@@ -83,12 +83,13 @@ class PullJob:
         """Bytes per second over the last `RATE_WINDOW_S` while running; the average over the whole
         download once finished; None before any byte has arrived."""
         if self.state is PullState.RUNNING:
-            if not self._samples:
+            samples = tuple(self._samples)  # one copy: the download threads append while this reads
+            if not samples:
                 return None
             now = time.monotonic() if now is None else now
             # the newest sample at least a window old (else the oldest): a stalled download decays to 0
-            base = self._samples[0]
-            for s in self._samples:
+            base = samples[0]
+            for s in samples:
                 if now - s[0] < RATE_WINDOW_S:
                     break
                 base = s
