@@ -208,8 +208,8 @@ class PullManager:
             if job is None:
                 return None
             if job.state in (PullState.DONE, PullState.FAILED):
-                raise ConflictError(f"pull {pull_id} has already {'finished' if job.state is PullState.DONE else 'failed'}"
-                                    "; there is nothing to cancel")
+                ended = "finished" if job.state is PullState.DONE else "failed"
+                raise ConflictError(f"pull {pull_id} has already {ended}; there is nothing to cancel")
             job.cancel_requested = True
             if job.state is PullState.QUEUED:
                 self._queue.remove(job)
