@@ -73,7 +73,8 @@ def listing(models_dir: Path, hub_cache: Path, *, kv_bits: int | None = None, kv
             cache_enabled: bool = True) -> list[dict[str, Any]]:
     """One JSON-ready row per `local_models` entry: ``id``, ``source``, ``size_bytes``, ``quantization``,
     ``bits``, ``group_size``, ``architecture``, ``context_length``, ``prefix_cache`` (`prefix_cache_label`)
-    and ``path``. Reads config files and safetensors headers only (no weights); a few ms per model."""
+    and ``path``. Reads config files and safetensors headers, no weights; the prefix cache check builds
+    each model lazily once (remembered per folder)."""
     rows = []
     for e in local_models(models_dir, hub_cache):
         rows.append({"id": e.model_id, "source": e.source, "size_bytes": e.size_bytes, "quantization": e.quantization,
