@@ -12,8 +12,14 @@ maps exceptions to responses in one place (`omlx.api.errors`); nothing else buil
     │   └── ModelNotFoundError (404, code model_not_found)
     ├── RateLimitError (429)             queue full: carries retry_after_s
     ├── OverloadedError (529)
+    ├── ConflictError (409)              the thing asked for is already under way (a pull of that repo)
     ├── InsufficientMemoryError (507)    a model that cannot fit: carries the numbers
     ├── ModelImportError (500)           a model file or folder that cannot be imported
+    │   ├── HubNotFoundError (404)       no such repo or revision on the Hugging Face hub
+    │   ├── HubAccessError (403)         a gated or private repo the token (HF_TOKEN) may not read
+    │   ├── NotAModelError (422)         a repo that is not an mlx-lm model omlx can serve
+    │   ├── InsufficientDiskError (507)  not enough free disk for a download
+    │   └── HubUnreachableError (502)    the hub cannot be reached, or a download broke off
     ├── PlanError (400)                  a cluster plan that cannot fit
     ├── ClusterUnavailableError (503)    a pipeline peer is lost or frozen; the workers must restart
     └── EngineError (500)                generation failed for this request only
@@ -132,6 +138,61 @@ class InsufficientMemoryError(OmlxError):
 
 class ModelImportError(OmlxError):
     """A model file or folder that cannot be imported (bad checksum, unknown architecture)."""
+
+
+class HubNotFoundError(ModelImportError):
+    """No such repo (or it is private and no token may read it) or no such revision on the hub."""
+
+    status = 404
+    openai_type = "invalid_request_error"
+    anthropic_type = "not_found_error"
+    code = "hub_repo_not_found"
+
+
+class HubAccessError(ModelImportError):
+    """A gated repo whose terms the token's account has not accepted, or a token without access."""
+
+    status = 403
+    openai_type = "permission_error"
+    anthropic_type = "permission_error"
+    code = "hub_access_denied"
+
+
+class NotAModelError(ModelImportError):
+    """A repo that is not an mlx-lm model omlx can serve (GGUF files, PyTorch weights, an
+    architecture mlx-lm lacks); the message says what to do instead."""
+
+    status = 422
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+    code = "not_an_mlx_model"
+
+
+class InsufficientDiskError(ModelImportError):
+    """Not enough free disk for a download (checked before it starts, or the disk filled up)."""
+
+    status = 507
+    openai_type = "insufficient_storage"
+    anthropic_type = "api_error"
+    code = "insufficient_disk"
+
+
+class HubUnreachableError(ModelImportError):
+    """The hub (``HF_ENDPOINT``) cannot be reached or answered with an error, or a download broke off."""
+
+    status = 502
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+    code = "hub_unreachable"
+
+
+class ConflictError(OmlxError):
+    """What was asked for is already under way (e.g. a pull of a repo that is being pulled)."""
+
+    status = 409
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+    code = "conflict"
 
 
 class PlanError(OmlxError):

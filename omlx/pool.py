@@ -480,6 +480,11 @@ class EnginePool:
         with self._cond:
             return [s.entry for s in self._slots.values() if s.state is SlotState.LOADED and isinstance(s.entry, PoolEntry)]
 
+    def loaded_ids(self) -> set[str]:
+        """The ids of every loaded model, chat and encoder (``GET /v1/admin/models``)."""
+        with self._cond:
+            return {s.model_id for s in self._slots.values() if s.state is SlotState.LOADED}
+
     # ---- loading --------------------------------------------------------------------------
 
     def _resolve_path(self, model_id: str, source: str | None) -> tuple[Path, str]:

@@ -14,7 +14,11 @@ It answers the routes ``snapshot_download`` and ``hf_hub_download`` call (huggin
 Errors carry the hub's ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``)
 so huggingface_hub raises its own typed errors. Faults: `drop_after` cuts a file's body after N
 bytes (the connection closes mid-file, as a flaky network does); `fail_file` answers 500 for a file;
-`tree_sizes` makes the tree listing understate a file's size (so a disk check made from it passes).
+`tree_sizes` makes the tree listing misstate a file's size (understated, a disk check made from it
+passes; overstated, it fails); `fail_api` answers 500 to a repo's API routes (an upstream failure);
+`gated` answers a repo's file routes 403 with ``X-Error-Code: GatedRepo`` (the real hub's answer
+to a token whose account has not accepted the repo's terms; its API routes still answer);
+`slow_file` sends a file in 1 MiB pieces with that many seconds between them (a pull to watch).
 Every request is recorded in `requests` (method, path, Range header, Authorization header).
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -92,6 +97,9 @@ class FakeHub:
         self.num_drops: dict[str, int] = {}  # file path -> cuts left (default 1 per drop_after entry)
         self.fail_file: set[str] = set()
         self.tree_sizes: dict[str, int] = {}  # file path -> size the tree listing claims (a lying hub)
+        self.fail_api: set[str] = set()  # repo ids whose API routes answer 500
+        self.gated: set[str] = set()  # repo ids whose files answer 403 GatedRepo
+        self.slow_file: dict[str, float] = {}  # file path -> seconds between 1 MiB pieces
         self.bytes_sent: dict[str, int] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -165,6 +173,8 @@ class FakeHub:
                 self._error(404, "EntryNotFound", f"no route {url.path}")
 
             def _api(self, repo_id: str, kind: str, rev: str) -> None:
+                if repo_id in hub.fail_api:
+                    return self._error(500, "Internal", "injected upstream failure")
                 repo = hub.repos.get(repo_id)
                 if repo is None:
                     return self._error(404, "RepoNotFound", "Repository not found")
@@ -190,6 +200,9 @@ class FakeHub:
                 commit = repo.resolve(rev)
                 if commit is None:
                     return self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+                if repo_id in hub.gated:
+                    return self._error(403, "GatedRepo", "Access to model is restricted: you must accept its terms",
+                                       commit)
                 f = repo.files.get(path)
                 if f is None:
                     return self._error(404, "EntryNotFound", f"{path} does not exist", commit)
@@ -230,7 +243,14 @@ class FakeHub:
                     self.connection.shutdown(2)  # the body ends early: the client sees the peer close
                     return
                 try:
-                    self.wfile.write(body)
+                    pause = hub.slow_file.get(path)
+                    if pause is None:
+                        self.wfile.write(body)
+                    else:
+                        for i in range(0, len(body), 2**20):
+                            self.wfile.write(body[i:i + 2**20])
+                            self.wfile.flush()
+                            time.sleep(pause)
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its disk is full)
                     self.close_connection = True
                     return

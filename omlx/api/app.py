@@ -166,5 +166,5 @@ def create_app(config: ServerConfig, pool: EnginePool, status: dict[str, Any], n
     app.blueprint(responses_routes.bp)
     app.blueprint(embeddings_routes.bp)
     app.blueprint(dashboard_routes.bp)  # /admin, /v1/admin/recent, /metrics
-    admin_routes.install(app)  # /v1/models/{status,<id>/load,<id>/unload}
+    admin_routes.install(app)  # /v1/models/{status,<id>/load,<id>/unload}, /v1/admin/{models,pulls}
     return app

@@ -17,6 +17,8 @@ from sanic.response import HTTPResponse
 
 from omlx.errors import (
     AuthenticationError,
+    HubUnreachableError,
+    InsufficientDiskError,
     InvalidRequestError,
     NotFoundError,
     OmlxError,
@@ -24,6 +26,9 @@ from omlx.errors import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: 5xx errors that name a failure outside omlx (the hub, a full disk): logged as one line.
+UPSTREAM_ERRORS = (HubUnreachableError, InsufficientDiskError)
 
 
 def is_anthropic_path(path: str) -> bool:
@@ -72,7 +77,9 @@ class OmlxErrorHandler(ErrorHandler):
         if isinstance(exception, RequestCancelled):  # the client went away: routine, not an error
             logger.info("client disconnected from %s %s before the response; request aborted", request.method, request.path)
             return json_response({"error": {"message": "client disconnected", "type": "client_closed"}}, status=499)
-        if not isinstance(exception, (OmlxError, SanicException)) or getattr(exception, "status_code", 500) >= 500:
+        if isinstance(exception, UPSTREAM_ERRORS):  # the hub or the disk, not omlx: no traceback
+            logger.warning("%s %s: %s", request.method, request.path, exception.message)
+        elif not isinstance(exception, (OmlxError, SanicException)) or getattr(exception, "status_code", 500) >= 500:
             if not isinstance(exception, OmlxError) or exception.status >= 500:
                 logger.exception("unhandled error on %s %s", request.method, request.path, exc_info=exception)
         return error_response(request.path, exception)

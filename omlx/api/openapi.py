@@ -187,6 +187,18 @@ SCHEMAS: dict[str, Any] = {
                        "top_n": {"type": "integer", "minimum": 1}, "return_documents": _BOOL},
     },
     "UnloadRequest": {"type": "object", "properties": {"drain_s": {"type": "number", "minimum": 0, "maximum": 3600}}},
+    "PullRequest": {
+        "type": "object", "required": ["repo"], "additionalProperties": False,
+        "description": "a Hugging Face model repo to download into the hub cache (omlx models pull's code). 409: "
+                       "that repo is already being pulled; 400: a malformed body. The pull itself may then fail with "
+                       "the status its error carries in GET /v1/admin/pulls/{id}: 404 no such repo or revision, 403 "
+                       "gated or not readable with HF_TOKEN, 422 not an mlx-lm model, 507 not enough disk, 502 the "
+                       "hub cannot be reached",
+        "properties": {"repo": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                "description": "ORG/NAME (ORG/NAME@REVISION is accepted too)"},
+                       "revision": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+                                    "description": "a branch, tag or commit hash (default: main)"}},
+    },
 }
 
 
@@ -197,13 +209,15 @@ def _errors(anthropic: bool = False) -> dict[str, Any]:
 
 
 def _op(summary: str, *, body: str | None = None, anthropic: bool = False, stream: bool = False,
-        params: list[str] = (), tag: str = "", media: str = "application/json") -> dict[str, Any]:
-    ok: dict[str, Any] = {media: {"schema": _OBJ if media == "application/json" else _STR}}
+        params: list[str] = (), tag: str = "", media: str = "application/json", ok: str = "200") -> dict[str, Any]:
+    """One operation; ``ok``: its success status ("202" for one that starts work in the background)."""
+    content: dict[str, Any] = {media: {"schema": _OBJ if media == "application/json" else _STR}}
     if stream:  # each Server-Sent Event: optional ``event`` name, JSON text in ``data``
-        ok["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
-                                              "properties": {"event": _STR, "data": _STR}}}
+        content["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
+                                                   "properties": {"event": _STR, "data": _STR}}}
     op: dict[str, Any] = {"summary": summary, "tags": [tag] if tag else [],
-                          "responses": {"200": {"description": "success", "content": ok}, **_errors(anthropic)}}
+                          "responses": {ok: {"description": "accepted" if ok == "202" else "success", "content": content},
+                                        **_errors(anthropic)}}
     if body:
         op["requestBody"] = {"required": body != "UnloadRequest",
                              "content": {"application/json": {"schema": _ref(body)}}}
@@ -227,6 +241,15 @@ PATHS: dict[str, dict[str, Any]] = {
                      media="text/plain"),
     "/admin": _get("the web dashboard (HTML; ?key= once when an API key is set)", "admin", media="text/html"),
     "/v1/admin/recent": _get("the newest finished generation requests (query: limit, 1-200) and the prompts prefilling now", "admin"),
+    "/v1/admin/models": _get("every model on this machine (models folder and hub cache), as `omlx models list --json` "
+                             "gives it, with whether it is loaded", "admin"),
+    "/v1/admin/pulls": {**_get("every pull the server remembers, newest first", "admin"),
+                        "post": _op("start pulling a Hugging Face repo in the background (202 with the pull's id)",
+                                    tag="admin", body="PullRequest", ok="202")},
+    "/v1/admin/pulls/{pull_id}": _get("one pull: state (queued, running, done, failed, cancelled), done_bytes, "
+                                      "total_bytes, rate_bytes_per_s, error", "admin", ["pull_id"]),
+    "/v1/admin/pulls/{pull_id}/cancel": {"post": _op("cancel a pull (202; a running one stops at its next chunk)",
+                                                     tag="admin", params=["pull_id"], ok="202")},
     "/v1/models": _get("models served (OpenAI or Anthropic shape by headers)", "models"),
     "/v1/models/{model_id}": _get("one model", "models", ["model_id"]),
     "/v1/models/status": _get("memory figures, every known model, recent load events", "admin"),

@@ -41,27 +41,16 @@ def list_models(
     length and whether the prefix cache is on for it."""
     import json
 
-    from omlx.engine.catalogue import local_models, prefix_cache_of
+    from omlx.engine.catalogue import listing
 
     cfg = _config(base_path, hub_cache_dir)
     cache = _hub_cache(cfg)
-    entries = local_models(cfg.models_dir, cache)
-    if not entries:
+    rows = listing(cfg.models_dir, cache, kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size,
+                   cache_enabled=cfg.cache.enabled)
+    if not rows:
         typer.echo(f"no models in {cfg.models_dir} or the hub cache {cache} (the default model is imported on "
                    "first `omlx serve`; `omlx models pull ORG/NAME` fetches one)")
         return
-    rows = []
-    for e in entries:
-        layout, ok = prefix_cache_of(e.path, cfg.kv_bits, cfg.kv_group_size)
-        if ok is None:
-            prefix = "n/a (encoder)" if "not an mlx-lm" in layout else "off"
-        elif not cfg.cache.enabled:
-            prefix = "off (disabled in config)"
-        else:
-            prefix = "on" if ok else f"off: {layout}"
-        rows.append({"id": e.model_id, "source": e.source, "size_bytes": e.size_bytes, "quantization": e.quantization,
-                     "bits": e.bits, "group_size": e.group_size, "architecture": e.architecture,
-                     "context_length": e.context_length, "prefix_cache": prefix, "path": str(e.path)})
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return

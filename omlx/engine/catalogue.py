@@ -4,11 +4,13 @@ Owns: one `CatalogueEntry` per servable model, with what ``omlx models list`` an
 show about it, read from its files without loading weights: where it comes from, bytes on disk,
 quantization (config.json's ``quantization``: bits, group size), architecture, context length,
 and whether the prefix cache applies (`prefix_cache_of`, mlx-lm's lazy load).
+`listing` gives the rows ``omlx models list --json`` prints and ``GET /v1/admin/models`` serves.
 Must not: download, delete, or speak HTTP (``omlx.engine.hub`` owns the hub cache's writes).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import struct
@@ -65,6 +67,44 @@ def local_models(models_dir: Path, hub_cache: Path) -> list[CatalogueEntry]:
     for m in hub.list_cached(hub_cache):
         out.append(describe(m.model_id, HUB_CACHE, m.path, m.size_bytes))
     return out
+
+
+def listing(models_dir: Path, hub_cache: Path, *, kv_bits: int | None = None, kv_group_size: int = 64,
+            cache_enabled: bool = True) -> list[dict[str, Any]]:
+    """One JSON-ready row per `local_models` entry: ``id``, ``source``, ``size_bytes``, ``quantization``,
+    ``bits``, ``group_size``, ``architecture``, ``context_length``, ``prefix_cache`` (`prefix_cache_label`)
+    and ``path``. Reads config files and safetensors headers, no weights; the prefix cache check builds
+    each model lazily once (remembered per folder)."""
+    rows = []
+    for e in local_models(models_dir, hub_cache):
+        rows.append({"id": e.model_id, "source": e.source, "size_bytes": e.size_bytes, "quantization": e.quantization,
+                     "bits": e.bits, "group_size": e.group_size, "architecture": e.architecture,
+                     "context_length": e.context_length,
+                     "prefix_cache": prefix_cache_label(e.path, kv_bits, kv_group_size, cache_enabled),
+                     "path": str(e.path)})
+    return rows
+
+
+def prefix_cache_label(path: Path, kv_bits: int | None, kv_group_size: int, cache_enabled: bool) -> str:
+    """Whether the prefix cache is on for a model folder, as ``omlx models list`` says it: "on",
+    "off: <why>", "off (disabled in config)", or "n/a (encoder)" for a model omlx's encoders serve."""
+    try:
+        mtime_ns = (path / "config.json").stat().st_mtime_ns
+    except OSError:
+        mtime_ns = 0
+    layout, ok = _prefix_cache_memo(str(path), mtime_ns, kv_bits, kv_group_size)
+    if ok is None:
+        return "n/a (encoder)" if "not an mlx-lm" in layout else "off"
+    if not cache_enabled:
+        return "off (disabled in config)"
+    return "on" if ok else f"off: {layout}"
+
+
+@functools.lru_cache(maxsize=256)
+def _prefix_cache_memo(path: str, mtime_ns: int, kv_bits: int | None, kv_group_size: int) -> tuple[str, bool | None]:
+    """`prefix_cache_of`, remembered per folder and config.json mtime: the dashboard asks again every
+    few seconds, and building a model lazily costs tens of ms."""
+    return prefix_cache_of(Path(path), kv_bits, kv_group_size)
 
 
 def describe(model_id: str, source: str, path: Path, size_bytes: int) -> CatalogueEntry:

@@ -2,8 +2,8 @@
 
 Owns: every call into ``huggingface_hub`` (its cache scanner, ``snapshot_download``, its API
 client), the ``ORG/NAME[@REVISION]`` id form, which files an mlx-lm folder needs, the checks a
-pull makes before it writes anything (an mlx-lm model? enough disk?) and the cleanup when it
-fails. Models are used in place in the cache (``<cache>/models--ORG--NAME/snapshots/<commit>``),
+pull makes before it writes anything (an mlx-lm model? enough disk? `plan_pull`), the download
+(`fetch`) and the cleanup when it fails. Models are used in place in the cache (``<cache>/models--ORG--NAME/snapshots/<commit>``),
 never copied, so mlx-lm, LM Studio and omlx share one download.
 Must not: read environment variables (``huggingface_hub`` reads ``HF_HUB_CACHE``, ``HF_HOME``,
 ``HF_ENDPOINT``, ``HF_TOKEN`` and ``HF_HUB_OFFLINE`` itself), print, or load weights.
@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omlx.errors import ModelImportError
+from omlx.errors import (
+    HubAccessError,
+    HubNotFoundError,
+    HubUnreachableError,
+    InsufficientDiskError,
+    ModelImportError,
+    NotAModelError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +89,17 @@ class PullResult:
 
 
 def parse_hub_id(spec: str) -> HubRef | None:
-    """``ORG/NAME[@REVISION]`` -> `HubRef`; None for anything else (a path, a bare name)."""
+    """``ORG/NAME[@REVISION]`` -> `HubRef`; None for anything else (a path, a bare name, a repo id
+    the hub cannot have: huggingface_hub's ``validate_repo_id``, e.g. a name ending in ``-``)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
     m = _HUB_ID.fullmatch(spec)
     if m is None or ".." in spec:
+        return None
+    try:
+        validate_repo_id(m["repo"])
+    except HFValidationError:
         return None
     return HubRef(m["repo"], m["rev"])
 
@@ -212,32 +227,56 @@ def remove(ref: HubRef, cache: Path) -> int:
     return int(strategy.expected_freed_size)
 
 
+@dataclass(frozen=True, slots=True)
+class PullPlan:
+    """What a pull will do, decided by `plan_pull` before anything is written.
+
+    Attributes:
+        ref: what is pulled.
+        cache: the hub cache it goes into.
+        need_bytes: bytes still to fetch (0: every file is cached already).
+        cached: the snapshot folder to use as it is, with nothing fetched (offline, or the hub
+            unreachable while the model is cached); None: `fetch` downloads.
+    """
+
+    ref: HubRef
+    cache: Path
+    need_bytes: int
+    cached: Path | None = None
+
+
 def pull(ref: HubRef, cache: Path, *, on_total: Callable[[int], None] | None = None,
          on_bytes: Callable[[int], None] | None = None) -> PullResult:
-    """Download ``ref`` into the hub cache (resuming: files already there are not fetched again).
-
-    Before anything is written it lists the revision's files (``GET /api/models/{repo}/revision/
-    {rev}`` and ``.../tree/{commit}``), refuses a repo that is not an mlx-lm model (by its file
-    list, then by its config.json, fetched into a temporary folder), and compares the bytes still
-    to fetch with the free space on the cache's disk. Then ``snapshot_download`` fetches the files
-    mlx-lm needs (`allow_patterns`). A failure that leaves an unusable snapshot (the disk filled
-    up anyway, the config is rejected) removes what this call created; a dropped connection keeps
-    the finished files, so the same command resumes.
+    """Download ``ref`` into the hub cache (resuming: files already there are not fetched again):
+    `plan_pull` (the checks, nothing written), then `fetch`. Raises what those two raise.
 
     Args:
         on_total: called once with the bytes to fetch, when there are any.
         on_bytes: called with each chunk's size as it is written (from download threads).
+    """
+    return fetch(plan_pull(ref, cache), on_total=on_total, on_bytes=on_bytes)
+
+
+def plan_pull(ref: HubRef, cache: Path) -> PullPlan:
+    """The checks a pull makes before it writes anything to the cache.
+
+    It lists the revision's files (``GET /api/models/{repo}/revision/{rev}`` and ``.../tree/
+    {commit}``), refuses a repo that is not an mlx-lm model (by its file list, then by its
+    config.json, fetched into a temporary folder), and compares the bytes still to fetch with the
+    free space on the cache's disk.
 
     Raises:
-        ModelImportError: the repo or revision does not exist, the repo is not an mlx-lm model,
-            the disk is too small, the hub cannot be reached (and the model is not cached), or
-            ``HF_HUB_OFFLINE`` is set and it is not cached. The message says what to change.
+        HubNotFoundError: the repo or revision does not exist (or the repo is private).
+        HubAccessError: the repo is gated, or the token may not read it.
+        NotAModelError: the repo is not an mlx-lm model omlx can serve.
+        InsufficientDiskError: the disk is too small for what is still to fetch.
+        HubUnreachableError: the hub cannot be reached and the model is not cached, or
+            ``HF_HUB_OFFLINE`` is set and it is not cached. Every message says what to change.
     """
-    from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+    from huggingface_hub import HfApi, constants, hf_hub_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
-        LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
@@ -250,10 +289,9 @@ def pull(ref: HubRef, cache: Path, *, on_total: Callable[[int], None] | None = N
     if constants.is_offline_mode():
         path = find_cached(ref, cache)
         if path is None:
-            raise ModelImportError(f"HF_HUB_OFFLINE is set and {ref.model_id} is not in the hub cache {cache}; "
-                                   "unset HF_HUB_OFFLINE to download it")
-        return _result(ref, path, 0)
-    existed = repo_dir.exists()
+            raise HubUnreachableError(f"HF_HUB_OFFLINE is set and {ref.model_id} is not in the hub cache {cache}; "
+                                      "unset HF_HUB_OFFLINE to download it")
+        return PullPlan(ref, cache, 0, path)
     api = HfApi()
     where = f"{constants.ENDPOINT}"
     try:
@@ -261,62 +299,118 @@ def pull(ref: HubRef, cache: Path, *, on_total: Callable[[int], None] | None = N
         commit = str(info.sha)
         files = [f for f in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True) if isinstance(f, RepoFile)]
     except RevisionNotFoundError as e:
-        raise ModelImportError(f"{ref.repo_id} has no revision {ref.revision!r} on {where} (give a branch, a tag "
+        raise HubNotFoundError(f"{ref.repo_id} has no revision {ref.revision!r} on {where} (give a branch, a tag "
                                "or a commit hash)") from e
     except GatedRepoError as e:
-        raise ModelImportError(f"{ref.repo_id} is gated on {where}: accept its terms on the model's page, then set "
-                               "HF_TOKEN to a token of that account") from e
+        raise HubAccessError(f"{ref.repo_id} is gated on {where}: accept its terms on the model's page, then set "
+                             "HF_TOKEN to a token of that account") from e
     except RepositoryNotFoundError as e:
-        raise ModelImportError(f"no model {ref.repo_id} on {where} (if it is private, set HF_TOKEN)") from e
+        raise HubNotFoundError(f"no model {ref.repo_id} on {where} (if it is private, set HF_TOKEN)") from e
     except (HfHubHTTPError, httpx2.HTTPError, OSError) as e:
+        if _http_status(e) in (401, 403):
+            raise HubAccessError(f"{where} refuses {ref.repo_id} to this token ({e}); set HF_TOKEN to a token "
+                                 "that may read it") from e
         path = find_cached(ref, cache)
         if path is not None:
             logger.warning("cannot reach %s (%s); %s is in the cache, using it", where, e, ref.model_id)
-            return _result(ref, path, 0)
-        raise ModelImportError(f"cannot reach {where} to fetch {ref.model_id}: {e} (set HF_ENDPOINT for a mirror)") from e
+            return PullPlan(ref, cache, 0, path)
+        raise HubUnreachableError(f"cannot reach {where} to fetch {ref.model_id}: {e} (set HF_ENDPOINT for a "
+                                  "mirror)") from e
 
     wanted = {f.path: f for f in filter_repo_objects(files, allow_patterns=allow_patterns(), key=lambda f: f.path)}
     problem = _file_list_problem(ref, [f.path for f in files], list(wanted))
     if problem:
-        raise ModelImportError(problem)
+        raise NotAModelError(problem)
     with tempfile.TemporaryDirectory(prefix=".omlx-pull-") as tmp:
         try:
             config = json.loads(Path(hf_hub_download(ref.repo_id, "config.json", revision=commit, local_dir=tmp)).read_text())
-        except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as e:
-            raise ModelImportError(f"cannot read {ref.repo_id}'s config.json: {e}") from e
+        except GatedRepoError as e:
+            raise HubAccessError(f"{ref.repo_id} is gated on {where}: accept its terms on the model's page, then set "
+                                 "HF_TOKEN to a token of that account") from e
+        except ValueError as e:
+            raise NotAModelError(f"{ref.repo_id}'s config.json is not JSON: {e}") from e
+        except (HfHubHTTPError, httpx2.HTTPError, OSError) as e:
+            if _http_status(e) in (401, 403):
+                raise HubAccessError(f"{where} refuses {ref.repo_id}'s files to this token ({e}); set HF_TOKEN to a "
+                                     "token that may read them") from e
+            raise HubUnreachableError(f"cannot read {ref.repo_id}'s config.json from {where}: {e}") from e
     reason = unsupported_config_reason(config)
     if reason:
-        raise ModelImportError(f"{ref.repo_id} is not a model omlx can serve: {reason}")
+        raise NotAModelError(f"{ref.repo_id} is not a model omlx can serve: {reason}")
 
     blobs = repo_dir / "blobs"
     need = sum(int(f.size or 0) for f in wanted.values() if not (blobs / _etag(f)).exists())
     free = free_bytes(cache)
     if need + DISK_MARGIN_BYTES > free:
-        raise ModelImportError(f"not enough disk space for {ref.model_id}: it needs {_mb(need)} (+{_mb(DISK_MARGIN_BYTES)} "
-                               f"margin) in {cache}, which has {_mb(free)} free; free some space or point HF_HUB_CACHE "
-                               "at a larger disk (nothing was written)")
-    if on_total is not None and need:
-        on_total(need)
+        raise InsufficientDiskError(f"not enough disk space for {ref.model_id}: it needs {_mb(need)} "
+                                    f"(+{_mb(DISK_MARGIN_BYTES)} margin) in {cache}, which has {_mb(free)} free; free "
+                                    "some space or point HF_HUB_CACHE at a larger disk (nothing was written)")
+    return PullPlan(ref, cache, need)
+
+
+def fetch(plan: PullPlan, *, on_total: Callable[[int], None] | None = None,
+          on_bytes: Callable[[int], None] | None = None) -> PullResult:
+    """Fetch what `plan_pull` planned: ``snapshot_download`` of the files mlx-lm needs
+    (`allow_patterns`). A failure that leaves an unusable snapshot (the disk filled up anyway, the
+    files are not a servable model) removes what this call created; a dropped connection keeps the
+    finished files, so pulling again resumes. An exception raised by ``on_total`` or ``on_bytes``
+    (e.g. to cancel) goes through unchanged and keeps the finished files too.
+
+    Args:
+        on_total: called once with ``plan.need_bytes``, when there are any.
+        on_bytes: called with each chunk's size as it is written (from download threads).
+
+    Raises:
+        HubAccessError: the hub refuses the files to this token (a gated repo).
+        InsufficientDiskError: the disk filled up (the partial download is removed).
+        NotAModelError: the snapshot is not a model omlx can serve (it is removed).
+        HubUnreachableError: the connection broke off, or the hub answered an error.
+        ModelImportError: any other failure to write the snapshot.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
+
+    import httpx2
+
+    ref, cache = plan.ref, plan.cache
+    if plan.cached is not None:
+        return _result(ref, plan.cached, 0)
+    where = f"{constants.ENDPOINT}"
+    repo_dir = cache / _repo_folder(ref.repo_id)
+    existed = repo_dir.exists()
+    if on_total is not None and plan.need_bytes:
+        on_total(plan.need_bytes)
     try:
         path = Path(snapshot_download(ref.repo_id, revision=ref.revision or "main", cache_dir=cache,
                                       allow_patterns=allow_patterns(), tqdm_class=_byte_bar(on_bytes)))
+    except (HfHubHTTPError, httpx2.HTTPError) as e:  # before OSError: HfHubHTTPError is one
+        if isinstance(e, GatedRepoError) or _http_status(e) in (401, 403):
+            raise HubAccessError(f"{where} refuses {ref.model_id}'s files to this token ({e}); if it is gated, accept "
+                                 "its terms on the model's page, then set HF_TOKEN to a token of that account") from e
+        raise HubUnreachableError(f"fetching {ref.model_id} failed: {e}; run the same command again to resume "
+                                  "(finished files are kept)") from e
     except OSError as e:
         if e.errno == errno.ENOSPC:
             _cleanup(repo_dir, existed)
-            raise ModelImportError(f"the disk under {cache} filled up while fetching {ref.model_id}: {e.strerror}; "
-                                   "free some space and pull again (the partial download was removed)") from e
-        if isinstance(e, LocalEntryNotFoundError) or isinstance(e, ConnectionError):
-            raise ModelImportError(f"lost the connection to {where} while fetching {ref.model_id}: {e}; run the same "
-                                   "command again to resume (finished files are kept)") from e
+            raise InsufficientDiskError(f"the disk under {cache} filled up while fetching {ref.model_id}: "
+                                        f"{e.strerror}; free some space and pull again (the partial download was "
+                                        "removed)") from e
+        if isinstance(e, (LocalEntryNotFoundError, ConnectionError)):
+            raise HubUnreachableError(f"lost the connection to {where} while fetching {ref.model_id}: {e}; run the "
+                                      "same command again to resume (finished files are kept)") from e
         raise ModelImportError(f"fetching {ref.model_id} failed: {e}; run the same command again to resume") from e
-    except (HfHubHTTPError, httpx2.HTTPError) as e:
-        raise ModelImportError(f"fetching {ref.model_id} failed: {e}; run the same command again to resume "
-                               "(finished files are kept)") from e
     reason = unservable_reason(path)
     if reason:
         _cleanup(repo_dir, existed)
-        raise ModelImportError(f"{ref.repo_id} is not a model omlx can serve: {reason} (the download was removed)")
-    return _result(ref, path, need)
+        raise NotAModelError(f"{ref.repo_id} is not a model omlx can serve: {reason} (the download was removed)")
+    return _result(ref, path, plan.need_bytes)
+
+
+def _http_status(e: BaseException) -> int | None:
+    """The HTTP status of a huggingface_hub or httpx error that carries a response (None: no response)."""
+    response = getattr(e, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
 
 
 def free_bytes(path: Path) -> int:

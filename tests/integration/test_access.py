@@ -73,7 +73,8 @@ def test_keys_are_compared_in_constant_time():
     ("GET", "/v1/models/status"), ("POST", f"/v1/models/{MODEL_ID}/load"), ("POST", f"/v1/models/{MODEL_ID}/unload"),
     ("GET", "/v1/cache/stats"), ("GET", "/v1/models"), ("GET", "/openapi.json"), ("POST", "/v1/embeddings"),
     ("POST", "/v1/responses"), ("GET", "/v1/responses/resp_x"), ("DELETE", "/v1/responses/resp_x"),
-    ("POST", "/v1/messages/count_tokens"), ("HEAD", "/v1/models"),
+    ("POST", "/v1/messages/count_tokens"), ("HEAD", "/v1/models"), ("GET", "/v1/admin/models"),
+    ("POST", "/v1/admin/pulls"), ("GET", "/v1/admin/pulls"), ("POST", "/v1/admin/pulls/pull-1/cancel"),
 ])
 def test_admin_and_api_routes_need_the_key(server, method, path):
     r = httpx.request(method, server.url + path, timeout=30)

@@ -1,7 +1,9 @@
 """The ``/admin`` dashboard in a real headless Chromium (Debian's ``chromium`` and
 ``chromium-driver``, installed by scripts/setup.sh, driven by selenium): the page loads with no
 console errors, shows the loaded model, the cache figures and the kernel/BLAS status, and its
-unload/load buttons change ``/v1/models/status``. A screenshot is saved as
+unload/load buttons change ``/v1/models/status``; its pull field fetches a repo from the fake hub
+of tests/fake_hub.py (the 4-bit SmolLM2) with a progress bar, and the model then shows in its
+catalogue; a repo that does not exist shows the server's error. A screenshot is saved as
 ``artifacts/dashboard.png``."""
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import MODEL_ID, REPO, ServerProcess
+from tests.fake_hub import FakeHub, Repo
+from tests.helpers import MODEL_ID, REPO, ServerProcess, quantized_model_dir
 
 KEY = "dashboard-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -25,9 +28,19 @@ pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
                                        "installs them)")
 
 
+HUB_REPO = "mlx-community/SmolLM2-135M-Instruct-4bit"
+
+
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess(["--api-key", KEY, "--block-size", "32", "--no-ssd-cache"]) as s:
+def hub():
+    with FakeHub([Repo.from_folder(HUB_REPO, quantized_model_dir(4))]) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def server(hub, tmp_path_factory):
+    env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path_factory.mktemp("dashboard-hub"))}
+    with ServerProcess(["--api-key", KEY, "--block-size", "32", "--no-ssd-cache"], env=env) as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
         for _ in range(2):  # a cache hit and two recent requests to show
             client.completions.create(model=MODEL_ID, prompt="Rivers and mountains. " * 20, max_tokens=3)
@@ -99,6 +112,42 @@ def test_page_shows_models_cache_and_kernels_and_buttons_work(server, browser):
 
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_the_pull_field_fetches_a_repo_with_a_progress_bar_and_lists_it(server, browser, hub):
+    from selenium.webdriver.common.by import By
+
+    browser.get(server.url + "/admin?key=" + KEY)
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'#catalogue tr[data-model="{MODEL_ID}"]'),
+             what="the catalogue")
+    assert not browser.find_elements(By.CSS_SELECTOR, f'#catalogue tr[data-model="{HUB_REPO}"]')
+    field = browser.find_element(By.ID, "pull-repo")
+    field.send_keys("nobody/nothing")
+    browser.find_element(By.ID, "pull-button").click()
+    wait_for(lambda: "no model nobody/nothing" in browser.find_element(By.ID, "pull-error").text,
+             what="the 404's message")
+    field.clear()
+    hub.slow_file["model.safetensors"] = 0.02  # about 2 s: the bar is seen moving
+    try:
+        field.send_keys(HUB_REPO)
+        browser.find_element(By.ID, "pull-button").click()
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#pulls tr[data-state=running], #pulls tr[data-state=done]"),
+                 what="the pull's row")
+        done = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#pulls tr[data-state=done]"), timeout_s=120,
+                        what="the pull to finish")
+    finally:
+        hub.slow_file.clear()
+    assert browser.find_element(By.ID, "pull-error").text == ""
+    fill = done[0].find_element(By.CSS_SELECTOR, ".bar > div")
+    assert fill.get_attribute("style").replace(" ", "") == "width:100%;", fill.get_attribute("style")
+    assert " MiB / " in done[0].text
+    row = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'#catalogue tr[data-model="{HUB_REPO}"]'),
+                   what="the pulled model in the catalogue")
+    assert "hub cache" in row[0].text and "4-bit, group 64" in row[0].text
+    (REPO / "artifacts").mkdir(exist_ok=True)
+    browser.save_screenshot(str(REPO / "artifacts" / "dashboard-pull.png"))
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not [e for e in errors if "/v1/admin/pulls" not in e["message"]], errors  # the 404 logs its fetch
 
 
 def test_page_needs_the_key(server):

@@ -29,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from omlx.api.openapi import openapi_document
+from tests.fake_hub import FakeHub
 from tests.helpers import MODEL_ID, TEST_HOME, ServerProcess
 
 SCHEMATHESIS_EXAMPLES = 10  # per operation (27 operations)
@@ -43,7 +44,10 @@ def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("fuzz-home")
     (home / "config.toml").write_text(f'[models."{MODEL_ID}"]\nmax_output_tokens = 4\n')
     env = {"OMLX_HOT_CACHE_MAX_SIZE": "64MB", "OMLX_SSD_CACHE_ENABLED": "0", "OMLX_KEEPALIVE_S": "30"}
-    with ServerProcess(base_path=home, env=env) as s:
+    # POST /v1/admin/pulls asks a hub: a fake one with no repos answers every repo with a 404
+    # (no hub reachable would be a 502, which is right but not a client's mistake)
+    with FakeHub([]) as hub, ServerProcess(base_path=home, env={**env, "HF_ENDPOINT": hub.url,
+                                                                "HF_HUB_CACHE": str(home / "hub")}) as s:
         for _ in range(3):  # warm every path once before the RSS baseline
             httpx.post(s.url + "/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]},
                        timeout=60)

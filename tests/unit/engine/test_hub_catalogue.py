@@ -23,7 +23,9 @@ def test_hub_ids_parse(spec, ref):
 
 
 @pytest.mark.parametrize("spec", ["SmolLM2-135M-Instruct", "/abs/path", "./rel/path", "a/b/c", "org/../x", "org/",
-                                  "/org/name", "org/name@", "~/models/x", "org/name.gguf/x"])
+                                  "/org/name", "org/name@", "~/models/x", "org/name.gguf/x",
+                                  # names the hub refuses (huggingface_hub.utils.validate_repo_id)
+                                  "0-/NW", "org/name-", "org--x/name", "org/name.git"])
 def test_other_specs_are_not_hub_ids(spec):
     assert parse_hub_id(spec) is None
 
