@@ -42,9 +42,10 @@ CLIENTS = {
     "opencode": ("opencode", "npm install -g opencode-ai"),
 }
 PLACEHOLDER_KEY = "omlx-local"
-#: Claude Code's stream-idle and request timeouts for long first prefills (README: values below
-#: 300 s are ignored by the CLI; 600 s was measured to be honoured).
-CLAUDE_TIMEOUT_MS = "1800000"
+#: The clients' stream-idle and request timeouts for long first prefills: Claude Code's
+#: (README: values below 300 s are ignored by the CLI; 600 s was measured to be honoured) and
+#: Codex's provider ``stream_idle_timeout_ms`` (its default 300000).
+CLIENT_TIMEOUT_MS = "1800000"
 
 
 def launch(
@@ -110,13 +111,15 @@ def client_settings(client: str, url: str, key: str, model: str, base: Path) -> 
             "DISABLE_TELEMETRY": "1",
             "DISABLE_AUTOUPDATER": "1",
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
-            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": CLAUDE_TIMEOUT_MS,
-            "API_TIMEOUT_MS": CLAUDE_TIMEOUT_MS,
+            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": CLIENT_TIMEOUT_MS,
+            "API_TIMEOUT_MS": CLIENT_TIMEOUT_MS,
         }, {}
     if client == "codex":
         home = base / "launch" / "codex"
         text = (f'model = "{model}"\nmodel_provider = "omlx"\n\n[model_providers.omlx]\nname = "omlx"\n'
-                f'base_url = "{url}/v1"\nenv_key = "OMLX_LAUNCH_API_KEY"\nwire_api = "responses"\n')
+                f'base_url = "{url}/v1"\nenv_key = "OMLX_LAUNCH_API_KEY"\nwire_api = "responses"\n'
+                # a long first prefill sends no output for minutes (Codex's default is 300000)
+                f'stream_idle_timeout_ms = {CLIENT_TIMEOUT_MS}\n')
         return {"CODEX_HOME": str(home), "OMLX_LAUNCH_API_KEY": key}, {home / "config.toml": text}
     path = base / "launch" / "opencode.json"
     conf = {"$schema": "https://opencode.ai/config.json", "model": f"omlx/{model}",

@@ -22,6 +22,7 @@ def test_print_env_names_every_setting_and_starts_nothing(tmp_path):
     r = omlx("launch", "codex", "--print-env", "--base-path", str(tmp_path), "--port", "8765")
     assert r.returncode == 0 and f"CODEX_HOME={tmp_path}/launch/codex" in r.stdout
     assert 'base_url = "http://127.0.0.1:8765/v1"' in r.stdout and 'wire_api = "responses"' in r.stdout
+    assert 'stream_idle_timeout_ms = 1800000' in r.stdout  # a long first prefill outlasts Codex's 300 s
     assert not (tmp_path / "launch").exists()  # printed, not written
 
 
