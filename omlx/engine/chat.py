@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from omlx.engine import token_cache
 from omlx.errors import InvalidRequestError
 
 
@@ -148,10 +149,10 @@ def render_prompt(
             )
         except Exception as e:  # jinja raise_exception() and template errors are client-visible
             raise InvalidRequestError(f"the model's chat template rejected the messages: {e}", param="messages") from e
-        ids = tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS itself
+        ids = token_cache.encode(tokenizer, text, add_special_tokens=False)  # the template wrote any BOS itself
     else:
         # No template (a base model): plain text, with the tokenizer's own special tokens (a
         # BOS, as /v1/completions adds it; Gemma without its BOS only repeats tokens).
         text = "\n".join(m.get("content") or "" for m in msgs)
-        ids = tokenizer.encode(text, add_special_tokens=True)
-    return RenderedPrompt(token_ids=list(ids), text=text, prefill=prefill)
+        ids = token_cache.encode(tokenizer, text, add_special_tokens=True)
+    return RenderedPrompt(token_ids=ids, text=text, prefill=prefill)
