@@ -8,7 +8,8 @@ Public API:
 
 A dialect module is imported only when first used (some import mlx-lm, which is slow to load).
 This package must not import HTTP, scheduling or engine code; it depends on the standard
-library and, for two dialects, on ``mlx_lm.tool_parsers``.
+library, ``jsonschema`` (the offered-tool check, check.py) and, for two dialects, on
+``mlx_lm.tool_parsers``.
 """
 
 from __future__ import annotations

@@ -357,8 +357,9 @@ MUSE_SPARK = [
     C("zero-args", _AB + '<atem:invoke name="list_files"></atem:invoke>' + _AE, None, NOARGS),
     C("typed", _AB + _atem("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1, "z": null}') + _AE,
       None, CONF),
+    # without tools (no schema, no offered-tool check), values are read as JSON
     C("undeclared-values-read-as-json", _AB + _atem("launch", n="3", flag="false", who="Ada") + _AE, None,
-      ("launch", {"n": 3, "flag": False, "who": "Ada"})),
+      ("launch", {"n": 3, "flag": False, "who": "Ada"}), tools=None),
     C("string-param-keeps-digits", _AB + _atem("write_file", path="42", content=" x ") + _AE, None,
       ("write_file", {"path": "42", "content": "x"})),
     C("extra-attributes", _AB + '<atem:invoke id="1" name="get_weather"><atem:parameter name="city" type="string">Lyon'
@@ -424,8 +425,9 @@ HARMONY = [
       '{"city": "Lyon"}<|call|>', None, LYON),
     C("no-constrain", _hcall("get_weather", '{"city": "Lyon"}', constrain=""), None, LYON),
     C("constrain-no-space", _hcall("get_weather", '{"city": "Lyon"}', constrain="<|constrain|>json"), None, LYON),
+    # a built-in tool's recipient parses as a call; with tools offered it must be one of them
     C("other-recipient", '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "x"}<|call|>',
-      None, ("browser.search", {"query": "x"})),
+      None, ("browser.search", {"query": "x"}), tools=None),
     C("parallel", _hcall("get_weather", '{"city": "Oslo", "days": 3}') + _hcall("get_weather", '{"city": "Lyon"}'), None,
       OSLO, LYON),
     C("zero-args", _hcall("list_files", "{}"), None, NOARGS),
