@@ -181,9 +181,10 @@ class StreamingToolParser:
             return FAIL
 
     def _log_rejected(self, result: ScanResult, reason: str | None) -> None:
-        """A warning for a call region that opened with a real marker (a bare ``{`` or ``[``
-        that is no call is just an answer: debug only)."""
-        marked = any(self._buf.startswith(m) for m in self._dialect.start_markers)
+        """A warning for a call the offered-tool check rejected (``reason``), and for a region
+        that opened with a real marker (a bare ``{`` or ``[`` that is no call is just an
+        answer: debug only)."""
+        marked = reason is not None or any(self._buf.startswith(m) for m in self._dialect.start_markers)
         if reason is None:  # "unfinished": the output ended inside the call (max_tokens, a stop)
             reason = ("unfinished" if result is NEED_MORE else "malformed") + " tool call"
         logger.log(

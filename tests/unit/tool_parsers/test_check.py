@@ -182,3 +182,12 @@ def test_a_call_cut_off_by_the_end_of_the_output_is_text(dialect: str, case, cap
         r = both(text, dialect, case.tools)
         assert r.tool_calls == [], (dialect, text)
         assert (r.content or "").strip() == text.strip()
+
+
+def test_a_bare_json_call_to_a_tool_not_offered_is_warned_about(caplog) -> None:
+    """llama3_json's bare form has no marker; a complete call the check rejects is still warned."""
+    text = '{"name": "launch_rockets", "parameters": {}}'
+    with caplog.at_level(logging.WARNING, logger="omlx.tool_parsers"):
+        r = both(text, "llama3_json", [WEATHER])
+    assert_text(r, text)
+    assert any("'launch_rockets'" in m for m in warnings(caplog))
