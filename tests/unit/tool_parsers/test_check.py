@@ -80,7 +80,7 @@ def test_the_same_call_to_an_offered_tool_is_a_call() -> None:
     assert r.content is None
 
 
-@pytest.mark.parametrize("dialect", ["qwen3_coder_xml", "minimax", "glm", "kimi_k2", "deepseek", "gemma"])
+@pytest.mark.parametrize("dialect", ["qwen3_coder_xml", "minimax", "minimax_m3", "glm", "kimi_k2", "deepseek", "gemma"])
 def test_every_table_call_renamed_to_an_unknown_tool_is_text(dialect: str) -> None:
     """The first single-call case of the XML and special-token dialects, with the name replaced."""
     case = next(c for c in TABLE[dialect] if len(c.calls) == 1 and c.calls[0][0] == "get_weather")
