@@ -24,14 +24,18 @@ from jsonschema.exceptions import SchemaError
 logger = logging.getLogger(__name__)
 
 _MAX_ERRORS = 3  # errors named in one warning
+_MAX_NAMES = 12  # offered tools named in one warning (agents offer dozens)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Offered:
-    """One offered function tool: its schema's validator (None: not checked) and strictness."""
+    """One offered function tool: its parameters schema, strictness, and the validator built
+    from the schema on the tool's first call (None after that: nothing usable to check)."""
 
-    validator: Any | None
+    schema: Any
     strict: bool
+    validator: Any | None = None
+    compiled: bool = False
 
 
 def _function(tool: Any) -> dict[str, Any] | None:
@@ -44,7 +48,8 @@ def _function(tool: Any) -> dict[str, Any] | None:
 
 
 class CallCheck:
-    """The offered tools of one request, compiled once, checked against each parsed call.
+    """The offered tools of one request, checked against each parsed call. A tool's schema is
+    compiled on its first call (agents offer many tools and call few).
 
     Args:
         tools: the request's tools (OpenAI function-tool dicts, as the routes pass them to the
@@ -59,7 +64,7 @@ class CallCheck:
             if func is None or func["name"] in self._offered:
                 continue
             schema = func.get("parameters", func.get("input_schema"))
-            self._offered[func["name"]] = _Offered(_validator(func["name"], schema), func.get("strict") is True)
+            self._offered[func["name"]] = _Offered(schema, func.get("strict") is True)
 
     def rejects(self, dialect: str, name: str, arguments: dict[str, Any]) -> str | None:
         """Decides one call (arguments already decoded and type-coerced).
@@ -75,12 +80,15 @@ class CallCheck:
         """
         offered = self._offered.get(name)
         if offered is None:
-            known = ", ".join(sorted(self._offered)) or "none"
+            names = sorted(self._offered)
+            known = ", ".join(names[:_MAX_NAMES]) + (f", ... ({len(names)} in all)" if len(names) > _MAX_NAMES else "")
             return f"call to tool {name!r}, which the request did not offer (offered: {known})"
+        if not offered.compiled:
+            offered.validator, offered.compiled = _validator(name, offered.schema), True
         if offered.validator is None:
             return None
         try:
-            errors = sorted(offered.validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+            errors = sorted(offered.validator.iter_errors(arguments), key=lambda e: [str(p) for p in e.absolute_path])
         except Exception:  # noqa: BLE001 - a validator bug (or a bad $ref) must not break the response
             logger.warning("%s: the schema of tool %r could not be checked; the call is passed on", dialect, name,
                            exc_info=True)

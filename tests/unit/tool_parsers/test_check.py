@@ -191,3 +191,18 @@ def test_a_bare_json_call_to_a_tool_not_offered_is_warned_about(caplog) -> None:
         r = both(text, "llama3_json", [WEATHER])
     assert_text(r, text)
     assert any("'launch_rockets'" in m for m in warnings(caplog))
+
+
+def test_errors_at_mixed_paths_are_reported_not_passed() -> None:
+    """Errors at an index and at a key in one call (paths of ints and strings) still reject."""
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}},
+                                               "n": {"type": "integer"}}}
+    check = CallCheck([_tool("f", schema, strict=True)])
+    reason = check.rejects("hermes", "f", {"tags": [1, "a", 2], "n": "x"})
+    assert reason is not None and "tags/0" in reason
+
+
+def test_many_offered_tools_are_named_briefly() -> None:
+    check = CallCheck([_tool(f"t{i:02d}", {}) for i in range(30)])
+    reason = check.rejects("hermes", "nope", {})
+    assert "'nope'" in reason and "(30 in all)" in reason and "t29" not in reason
