@@ -15,7 +15,7 @@ Mapping onto the chat template (HF templates take OpenAI-style tool messages):
 - assistant ``tool_use`` -> ``tool_calls`` ``[{id, type: "function", function: {name, arguments}}]``
   (``arguments`` as an object, which is what HF templates expect); ``thinking`` ->
   ``reasoning_content`` (signatures are not checked); user ``tool_result`` -> ``role: "tool"``;
-- ``tools[].input_schema`` -> OpenAI function tools; ``tool_choice: none`` drops them;
+- ``tools[].input_schema`` (and ``strict``) -> OpenAI function tools; ``tool_choice: none`` drops them;
 - ``thinking`` enabled/adaptive -> the template's ``enable_thinking=True``; disabled -> False; absent
   -> the model's ``enable_thinking`` setting, else False; the model's reasoning becomes
   ``thinking`` blocks only when thinking is on.
@@ -254,7 +254,8 @@ def tools_from_anthropic(tools: list[Any]) -> list[dict[str, Any]]:
             raise InvalidRequestError(f"{p}.input_schema must be a JSON schema object", param=f"{p}.input_schema")
         desc = t.get("description")
         out.append({"type": "function", "function": {
-            "name": t["name"], "description": desc if isinstance(desc, str) else "", "parameters": schema}})
+            "name": t["name"], "description": desc if isinstance(desc, str) else "", "parameters": schema,
+            **({"strict": True} if t.get("strict") is True else {})}})  # the call check keeps strict calls exact
     return out
 
 

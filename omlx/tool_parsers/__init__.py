@@ -8,7 +8,8 @@ Public API:
 
 A dialect module is imported only when first used (some import mlx-lm, which is slow to load).
 This package must not import HTTP, scheduling or engine code; it depends on the standard
-library and, for two dialects, on ``mlx_lm.tool_parsers``.
+library, ``jsonschema`` (the offered-tool check, check.py) and, for two dialects, on
+``mlx_lm.tool_parsers``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ _MODULES = {
     "gemma": "omlx.tool_parsers.gemma",
     "glm": "omlx.tool_parsers.glm",
     "minimax": "omlx.tool_parsers.minimax",
+    "minimax_m3": "omlx.tool_parsers.minimax_m3",
     "kimi_k2": "omlx.tool_parsers.kimi_k2",
     "longcat": "omlx.tool_parsers.longcat",
     "deepseek": "omlx.tool_parsers.deepseek",
@@ -83,6 +85,7 @@ ALIASES = {
     "glm45": "glm",
     "laguna": "glm",
     "minimax_m2": "minimax",
+    "minimax-m3": "minimax_m3",
     "kimi": "kimi_k2",
     "deepseek_v3": "deepseek",
     "deepseek_v31": "deepseek",

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 _DEEPSEEK = "<｜tool▁calls▁begin｜>"
+_MINIMAX_NS = "]<]minimax[>["  # MiniMax-M3's namespace token, before every tool-call tag
 
 # (dialect, markers that must all be in the template), first match wins.
 _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("minimax_m3", (_MINIMAX_NS,)),  # before hermes/qwen: its tags are <tool_call>, <invoke name=
     ("minimax", ("<minimax:tool_call>",)),
     ("muse_spark", ("<atem:function_calls>",)),
     ("gemma", ("<|tool_call>", "<tool_call|>")),
@@ -35,6 +37,7 @@ _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # (dialect, tokens that must all be in the vocabulary), used when the template decides nothing.
 _VOCAB_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("minimax_m3", (_MINIMAX_NS,)),
     ("minimax", ("<minimax:tool_call>",)),
     ("muse_spark", ("<atem:function_calls>",)),
     ("gemma", ("<|tool_call>", "<tool_call|>")),

@@ -1,14 +1,19 @@
 """The streaming tool-call parser that every dialect runs in, and the one-shot ``parse_tool_calls``.
 
 It owns the text/call split, holding back text that could begin a marker, whitespace around
-calls, schema coercion, JSON encoding and ids. Dialects only answer ``scan``. A non-streaming
-parse is one ``feed`` plus ``finish``, so the two cannot disagree.
+calls, schema coercion, the offered-tool check (`omlx.tool_parsers.check`), JSON encoding and
+ids. Dialects only answer ``scan``. A non-streaming parse is one ``feed`` plus ``finish``, so
+the two cannot disagree.
 
 Rules (the same whatever the chunking):
   * Text that could be the start of a marker is held back until it is decided.
   * A call is emitted (start, arguments, end) once it is complete and valid; a malformed or
     truncated call becomes plain text, from its marker on, with a warning in the log when it
     opened with a real marker. Nothing here raises on model text.
+  * With the request's tools given, a complete call must name an offered tool and a strict
+    tool's arguments must match its schema, or the whole call region stays text (warning
+    logged); a non-strict tool's mismatch stays a call (warning logged). A call cut off by
+    the end of the output (max_tokens inside the markup) stays text.
   * A ``drops_markup`` dialect (Harmony) may match markup without calls: it is removed.
   * Whitespace that only separates text from a call is dropped; between two pieces of text,
     the whitespace that preceded the (first) call is kept.
@@ -21,6 +26,7 @@ import logging
 from typing import Any
 
 from omlx.tool_parsers._schema import coerce_arguments
+from omlx.tool_parsers.check import CallCheck
 from omlx.tool_parsers.base import (
     FAIL,
     NEED_MORE,
@@ -67,7 +73,8 @@ class StreamingToolParser:
 
         Args:
             dialect: a registry name or alias (see ``omlx.tool_parsers.available_dialects``).
-            tools: the request's tools, used to coerce argument types; None skips coercion.
+            tools: the request's tools, used to coerce argument types and to check each call
+                (`CallCheck`: offered name, schema); None skips coercion and checks.
             id_factory: makes call ids; default ``call_`` + 24 hex (9 alphanumerics for Mistral).
 
         Raises:
@@ -78,6 +85,7 @@ class StreamingToolParser:
         self._dialect: Dialect = get_dialect(dialect)
         self.dialect = self._dialect.name
         self._tools = tools
+        self._check = CallCheck(tools) if tools is not None else None
         self._new_id = id_factory or self._dialect.default_id_factory
         self._buf = ""  # undecided text; starts with a marker while _marker_len > 0
         self._marker_len = 0
@@ -135,8 +143,8 @@ class StreamingToolParser:
                     break
                 valid = isinstance(result, Match) and result.end >= self._marker_len
                 encoded = self._encode(result) if valid else None
-                if encoded is None:
-                    self._log_rejected(result)
+                if not isinstance(encoded, list):
+                    self._log_rejected(result, encoded)
                     self._fail(events)
                     continue
                 assert isinstance(result, Match)
@@ -172,15 +180,18 @@ class StreamingToolParser:
             logger.exception("%s tool parser failed; the call is kept as text", self.dialect)
             return FAIL
 
-    def _log_rejected(self, result: ScanResult) -> None:
-        """A warning for a call region that opened with a real marker (a bare ``{`` or ``[``
-        that is no call is just an answer: debug only)."""
-        marked = any(self._buf.startswith(m) for m in self._dialect.start_markers)
+    def _log_rejected(self, result: ScanResult, reason: str | None) -> None:
+        """A warning for a call the offered-tool check rejected (``reason``), and for a region
+        that opened with a real marker (a bare ``{`` or ``[`` that is no call is just an
+        answer: debug only)."""
+        marked = reason is not None or any(self._buf.startswith(m) for m in self._dialect.start_markers)
+        if reason is None:  # "unfinished": the output ended inside the call (max_tokens, a stop)
+            reason = ("unfinished" if result is NEED_MORE else "malformed") + " tool call"
         logger.log(
             logging.WARNING if marked else logging.DEBUG,
-            "%s: %s tool call kept as text: %r",
+            "%s: %s kept as text: %r",
             self.dialect,
-            "unfinished" if result is NEED_MORE else "malformed",
+            reason,
             self._buf[:120],
         )
 
@@ -192,9 +203,15 @@ class StreamingToolParser:
         self._ws_before_call = ""
         self._emit_text(text, events)
 
-    def _encode(self, match: Match) -> list[tuple[RawCall, str]] | None:
-        """Coerces and JSON-encodes every call of a match; None if any cannot be.
-        A match without calls (markup to drop) is allowed only for ``drops_markup`` dialects."""
+    def _encode(self, match: Match) -> list[tuple[RawCall, str]] | str | None:
+        """Coerces, checks and JSON-encodes every call of a match.
+
+        Returns:
+            The encoded calls; None if one is malformed; the reason (for the log) if one fails
+            the offered-tool check. One bad call keeps the whole region as text: its parallel
+            calls share the markup. A match without calls (markup to drop) is allowed only for
+            ``drops_markup`` dialects.
+        """
         if not match.calls:
             return [] if self._dialect.drops_markup else None
         out = []
@@ -203,9 +220,14 @@ class StreamingToolParser:
                 return None
             try:
                 args = coerce_arguments(call.name, call.arguments, self._tools)
-                out.append((call, json.dumps(args, ensure_ascii=False, allow_nan=False)))
+                encoded = json.dumps(args, ensure_ascii=False, allow_nan=False)
             except (TypeError, ValueError, RecursionError):
                 return None
+            if self._check is not None:
+                reason = self._check.rejects(self.dialect, call.name, args)
+                if reason is not None:
+                    return reason
+            out.append((call, encoded))
         return out
 
     def _emit_calls(self, encoded: list[tuple[RawCall, str]], events: list[Event]) -> None:

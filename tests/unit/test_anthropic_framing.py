@@ -267,6 +267,21 @@ def test_model_turn_tool_calls_become_tool_use_blocks_across_chunkings():
     assert b.message["content"] == [{"type": "text", "text": text}] and b.message["stop_reason"] == "end_turn"
 
 
+def test_model_turn_calls_to_a_tool_not_offered_or_a_bad_strict_call_are_one_text_block():
+    """The tool-call check (omlx/tool_parsers/check.py) on the Anthropic route: such a call is
+    the text the model wrote, stop_reason end_turn, however the text is chunked."""
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True, "parameters": {
+        **TOOLS[0]["function"]["parameters"], "required": ["file_path", "content"]}}}]
+    cases = [('<tool_call>\n{"name": "rm", "arguments": {"path": "/"}}\n</tool_call>', TOOLS),
+             ('<tool_call>\n{"name": "write", "arguments": {"file_path": "t.txt"}}\n</tool_call>', strict)]
+    for text, tools in cases:
+        for step in (1, 7, len(text)):
+            b = MessageBuilder("m", 10)
+            run_turn(ModelTurn(FakeStream(text, step), tool_dialect="hermes", tools=tools), b)
+            assert b.message["content"] == [{"type": "text", "text": text}], (text, step)
+            assert b.message["stop_reason"] == "end_turn"
+
+
 def test_model_turn_reasoning_becomes_a_signed_thinking_block():
     text = "<think>\nTwo and two.\n</think>\n\n4"
     b = MessageBuilder("m", 10)

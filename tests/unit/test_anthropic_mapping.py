@@ -103,6 +103,15 @@ def test_tools_map_to_function_tools_and_server_tools_are_left_out():
         tools_from_anthropic([{"name": "x"}])
 
 
+def test_a_strict_tool_stays_strict():
+    """``strict: true`` is kept, so the tool-call check (omlx/tool_parsers/check.py) keeps its calls exact."""
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    out = tools_from_anthropic([{"name": "Read", "input_schema": schema, "strict": True},
+                                {"name": "Glob", "input_schema": schema, "strict": False}])
+    assert out[0]["function"]["strict"] is True
+    assert "strict" not in out[1]["function"]
+
+
 def test_tool_choice():
     body = {"messages": [{"role": "user", "content": "hi"}],
             "tools": [{"name": "Bash", "input_schema": {"type": "object"}}]}

@@ -246,6 +246,46 @@ CONF = ("configure", {"enabled": True, "ratio": 0.5, "tags": ["a", "b"], "opts":
 UNI = ("get_weather", {"city": "Zürich ☃ 東京 🌧"})
 NOARGS = ("list_files", {})
 
+# MiniMax-M3: the namespace token before every tag, arguments named by element (to_xml).
+_NS = "]<]minimax[>["
+_MB, _ME = _NS + "<tool_call>\n", _NS + "</tool_call>"
+
+
+def _m3(name: str, body: str = "") -> str:
+    return f'{_NS}<invoke name="{name}">\n{body}{_NS}</invoke>\n'
+
+
+def _m3el(key: str, value: str) -> str:
+    return f"{_NS}<{key}>{value}{_NS}</{key}>\n"
+
+
+MINIMAX_M3 = [
+    C("single", _MB + _m3("get_weather", _m3el("city", "Oslo") + _m3el("days", "3")) + _ME, None, OSLO),
+    C("parallel-invokes", _MB + _m3("get_weather", _m3el("city", "Oslo") + _m3el("days", "3"))
+      + _m3("get_weather", _m3el("city", "Lyon")) + _ME, None, OSLO, LYON),
+    C("text-before-and-after", "I'll check.\n" + _MB + _m3("get_weather", _m3el("city", "Lyon")) + _ME + "\nDone.",
+      "I'll check.\nDone.", LYON),
+    C("zero-args", _MB + _m3("list_files") + _ME, None, NOARGS),
+    C("typed-nested", _MB + _m3("configure", _m3el("enabled", "true") + _m3el("ratio", "0.5")
+      + _m3el("tags", _m3el("item", "a") + _m3el("item", "b")) + _m3el("opts", _m3el("k", "1") + _m3el("z", "null")))
+      + _ME, None, ("configure", {"enabled": True, "ratio": 0.5, "tags": ["a", "b"], "opts": {"k": "1", "z": "null"}})),
+    C("repeated-element-is-an-array", _MB + _m3("configure", _m3el("tags", "a") + _m3el("tags", "b")) + _ME, None,
+      ("configure", {"tags": ["a", "b"]})),
+    C("m2-parameter-spelling", _MB + _m3("get_weather", f'{_NS}<parameter name="city">Oslo{_NS}</parameter>\n'
+      + _m3el("days", "3")) + _ME, None, OSLO),
+    C("tags-as-text-in-value", _MB + _m3("write_file", _m3el("path", "a.html")
+      + _m3el("content", "<b>x</b> </content> </tool_call>")) + _ME, None,
+      ("write_file", {"path": "a.html", "content": "<b>x</b> </content> </tool_call>"})),
+    C("unicode", _MB + _m3("get_weather", _m3el("city", "Zürich ☃ 東京 🌧")) + _ME, None, UNI),
+    C("m2-markup-is-text", '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Lyon</parameter>'
+      "</invoke></minimax:tool_call>", '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Lyon'
+      "</parameter></invoke></minimax:tool_call>"),
+    C("wrong-close", _MB + _m3("get_weather", f"{_NS}<city>Oslo{_NS}</days>\n") + _ME,
+      _MB + _m3("get_weather", f"{_NS}<city>Oslo{_NS}</days>\n") + _ME),
+    C("truncated", "Hi " + _MB + _m3("get_weather", _m3el("city", "Os"))[:-12], "Hi " + _MB
+      + _m3("get_weather", _m3el("city", "Os"))[:-12]),
+]
+
 _TS, _TE = "<|tool_call_start|>", "<|tool_call_end|>"
 PYTHONIC = [
     C("single", '[get_weather(city="Oslo", days=3)]', None, OSLO),
@@ -357,8 +397,9 @@ MUSE_SPARK = [
     C("zero-args", _AB + '<atem:invoke name="list_files"></atem:invoke>' + _AE, None, NOARGS),
     C("typed", _AB + _atem("configure", enabled="true", ratio="0.5", tags='["a", "b"]', opts='{"k": 1, "z": null}') + _AE,
       None, CONF),
+    # without tools (no schema, no offered-tool check), values are read as JSON
     C("undeclared-values-read-as-json", _AB + _atem("launch", n="3", flag="false", who="Ada") + _AE, None,
-      ("launch", {"n": 3, "flag": False, "who": "Ada"})),
+      ("launch", {"n": 3, "flag": False, "who": "Ada"}), tools=None),
     C("string-param-keeps-digits", _AB + _atem("write_file", path="42", content=" x ") + _AE, None,
       ("write_file", {"path": "42", "content": "x"})),
     C("extra-attributes", _AB + '<atem:invoke id="1" name="get_weather"><atem:parameter name="city" type="string">Lyon'
@@ -424,8 +465,9 @@ HARMONY = [
       '{"city": "Lyon"}<|call|>', None, LYON),
     C("no-constrain", _hcall("get_weather", '{"city": "Lyon"}', constrain=""), None, LYON),
     C("constrain-no-space", _hcall("get_weather", '{"city": "Lyon"}', constrain="<|constrain|>json"), None, LYON),
+    # a built-in tool's recipient parses as a call; with tools offered it must be one of them
     C("other-recipient", '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"query": "x"}<|call|>',
-      None, ("browser.search", {"query": "x"})),
+      None, ("browser.search", {"query": "x"}), tools=None),
     C("parallel", _hcall("get_weather", '{"city": "Oslo", "days": 3}') + _hcall("get_weather", '{"city": "Lyon"}'), None,
       OSLO, LYON),
     C("zero-args", _hcall("list_files", "{}"), None, NOARGS),
@@ -456,6 +498,7 @@ TABLE: dict[str, list[Case]] = {
     "gemma": GEMMA,
     "glm": GLM,
     "minimax": MINIMAX,
+    "minimax_m3": MINIMAX_M3,
     "kimi_k2": KIMI_K2,
     "longcat": LONGCAT,
     "deepseek": DEEPSEEK,
