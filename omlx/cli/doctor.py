@@ -27,6 +27,19 @@ def _model_caches(cfg, kv_bits: int | None = None, kv_group_size: int = 64) -> d
             for e in local_models(cfg.models_dir, cfg.hub_cache or hub.cache_dir(None))}
 
 
+def _model_dialects(cfg) -> dict[str, str | None]:
+    """Each model's tool-call dialect, by served id: the config's ``tool_dialect`` for it, else
+    the one its chat template names (read from its tokenizer files, as ``omlx serve`` detects it)."""
+    from omlx.engine import hub
+    from omlx.engine.catalogue import local_models, tool_dialect_of
+
+    out: dict[str, str | None] = {}
+    for e in local_models(cfg.models_dir, cfg.hub_cache or hub.cache_dir(None)):
+        settings = cfg.model_settings.get(e.model_id)
+        out[e.model_id] = settings.tool_dialect if settings and settings.tool_dialect else tool_dialect_of(e.path)
+    return out
+
+
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON (schema_version 1).")] = False,
     host: Annotated[Optional[str], typer.Option(help="Address `omlx serve` would bind (default 127.0.0.1).")] = None,
@@ -41,7 +54,8 @@ def doctor(
 
     cfg = config_from({"host": host, "port": port, "base_path": base_path}, config)
     facts = Facts(memory_ceiling_bytes=MemoryLimits.from_config(cfg.memory).ceiling_bytes,
-                  bind_problem=check_bind(cfg), model_caches=_model_caches(cfg, cfg.kv_bits, cfg.kv_group_size))
+                  bind_problem=check_bind(cfg), model_caches=_model_caches(cfg, cfg.kv_bits, cfg.kv_group_size),
+                  model_dialects=_model_dialects(cfg))
     report = run_checks(cfg, facts)
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=1))

@@ -3,7 +3,8 @@
 Owns: one `CatalogueEntry` per servable model, with what ``omlx models list`` and ``omlx doctor``
 show about it, read from its files without loading weights: where it comes from, bytes on disk,
 quantization (config.json's ``quantization``: bits, group size), architecture, context length,
-and whether the prefix cache applies (`prefix_cache_of`, mlx-lm's lazy load).
+and whether the prefix cache applies (`prefix_cache_of`, mlx-lm's lazy load); the tool-call dialect
+its chat template speaks (`tool_dialect_of`).
 `listing` gives the rows ``omlx models list --json`` prints and ``GET /v1/admin/models`` serves.
 Must not: download, delete, or speak HTTP (``omlx.engine.hub`` owns the hub cache's writes).
 """
@@ -163,6 +164,35 @@ def weights_dtype(path: Path) -> str | None:
         if name != "__metadata__" and isinstance(meta, dict):
             return _DTYPES.get(meta.get("dtype"), meta.get("dtype"))
     return None
+
+
+def tool_dialect_of(path: Path) -> str | None:
+    """The tool-call dialect a model folder's chat template (else its vocabulary) names, as
+    ``omlx serve`` detects it at load (`omlx.tool_parsers.detect_dialect`), from its tokenizer
+    files without building the tokenizer: ``chat_template.jinja`` or tokenizer_config.json's
+    ``chat_template`` (the ``default`` or ``tool_use`` one of a list), and tokenizer.json's
+    vocabulary and added tokens. None: no tool format (or unreadable files)."""
+    from omlx.tool_parsers import detect_dialect
+
+    template: Any = None
+    try:
+        if (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text()
+        elif (path / "tokenizer_config.json").is_file():
+            template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
+            if isinstance(template, list):  # named templates: [{"name", "template"}, ...]
+                named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+                template = named.get("tool_use") or named.get("default")
+        vocab: set[str] = set()
+        if (path / "tokenizer.json").is_file():
+            tok = json.loads((path / "tokenizer.json").read_text())
+            vocab.update(t["content"] for t in tok.get("added_tokens") or () if isinstance(t, dict) and "content" in t)
+            v = (tok.get("model") or {}).get("vocab")
+            vocab.update(v if isinstance(v, dict) else (e[0] for e in v or () if isinstance(e, list) and e))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        logger.debug("cannot read the tokenizer files of %s: %s", path, e)
+        return None
+    return detect_dialect(template if isinstance(template, str) else None, vocab or None)
 
 
 def prefix_cache_of(path: Path, kv_bits: int | None = None, kv_group_size: int = 64) -> tuple[str, bool | None]:

@@ -62,11 +62,14 @@ class Facts:
         model_caches: per model folder name, (cache layout or why the prefix cache cannot
             hold it, whether it can; None for a folder that is no mlx-lm language model)
             (``omlx.engine.cache_spec.describe_model_cache``).
+        model_dialects: per model, the tool-call dialect ``omlx serve`` would use (a config's
+            ``tool_dialect``, else the one its chat template names), None for none.
     """
 
     memory_ceiling_bytes: int | None
     bind_problem: str | None
     model_caches: dict[str, tuple[str, bool | None]] = field(default_factory=dict)
+    model_dialects: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +360,7 @@ def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
         missing.append(spec)
     caches = {name: {"layout": text, "prefix_cache": ok} for name, (text, ok) in facts.model_caches.items()}
     detail = {"models_dir": str(d), "present": present, "configured": list(cfg.models), "missing": missing,
-              "caches": caches}
+              "caches": caches, "tool_dialects": dict(facts.model_dialects)}
     if missing:
         return Finding("models", "error", f"configured model(s) not found: {', '.join(missing)}",
                        f"`omlx models import PATH`, `omlx models pull ORG/NAME` for a Hugging Face repo, "
@@ -367,12 +370,12 @@ def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
         return Finding("models", "info", f"no models in {d} yet; `omlx serve` imports the default "
                        "SmolLM2-135M-Instruct on its first start", "", detail)
     def named(name: str) -> str:
-        if name not in facts.model_caches:
-            return name
+        dialect = facts.model_dialects.get(name)
+        tools = f"; tool calls: {dialect}" if dialect else ""
+        if name not in facts.model_caches or facts.model_caches[name][1] is None:
+            return f"{name} (tool calls: {dialect})" if dialect else name
         text, ok = facts.model_caches[name]
-        if ok is None:
-            return name
-        return f"{name} (cache {text}; prefix cache on)" if ok else f"{name} (prefix cache off: {text})"
+        return f"{name} (cache {text}; prefix cache on{tools})" if ok else f"{name} (prefix cache off: {text}{tools})"
 
     off = [n for n, (_, ok) in facts.model_caches.items() if ok is False]
     summary = f"{len(present)} model(s): {', '.join(named(n) for n in present)}"

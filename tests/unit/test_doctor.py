@@ -145,13 +145,16 @@ def test_each_model_folder_names_its_cache_layout_and_whether_the_prefix_cache_h
     from tests.unit.engine.archs import CONFIGS
 
     (g / "config.json").write_text(json.dumps(CONFIGS["gemma3_text"]))
+    template = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "chatml_tools_thinking.jinja").read_text()
+    (g / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     r, report = _doctor(tmp_path, "--port", str(_free_port()))
     found = next(f for f in report["findings"] if f["check"] == "models")
     caches = found["detail"]["caches"]
     assert caches["tiny-gemma3"] == {"layout": "W16k0,A,W16k0,A", "prefix_cache": True}
     assert caches["broken"]["prefix_cache"] is None and "not an mlx-lm language model" in caches["broken"]["layout"]
     assert found["level"] == "ok", found
-    assert "tiny-gemma3 (cache W16k0,A,W16k0,A; prefix cache on)" in found["summary"]
+    assert "tiny-gemma3 (cache W16k0,A,W16k0,A; prefix cache on; tool calls: hermes)" in found["summary"]
+    assert found["detail"]["tool_dialects"] == {"broken": None, "tiny-gemma3": "hermes"}
     from omlx.cli.doctor import _model_caches
 
     cfg4 = load_config({"base_path": str(tmp_path / "home"), "hub_cache_dir": str(tmp_path / "hub")})
@@ -161,3 +164,26 @@ def test_each_model_folder_names_its_cache_layout_and_whether_the_prefix_cache_h
     cfg = load_config({"base_path": str(tmp_path / "home")})
     f = doctor.check_models(cfg, facts)
     assert f.level == "warning" and f.fix and "prefix cache off: layer 0 uses ChunkedKVCache" in f.summary
+
+
+def test_the_tool_dialect_comes_from_the_template_else_the_vocabulary_and_the_config_overrides(tmp_path):
+    from omlx.cli.doctor import _model_dialects
+    from omlx.engine.catalogue import tool_dialect_of
+
+    m = tmp_path / "home" / "models" / "m"
+    m.mkdir(parents=True)
+    (m / "config.json").write_text('{"model_type": "llama"}')
+    assert tool_dialect_of(m) is None  # no tokenizer files
+    (m / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}[TOOL_CALLS]{{ tools }}{% endfor %}")
+    assert tool_dialect_of(m) == "mistral"
+    (m / "chat_template.jinja").write_text("{{ tools }} {% for m in messages %}{{ m.content }}{% endfor %}")
+    (m / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"id": 1, "content": "<tool_call>"},
+                                                                   {"id": 2, "content": "</tool_call>"}],
+                                                  "model": {"vocab": {"a": 0}}}))
+    assert tool_dialect_of(m) == "hermes"  # the template names no marker: the vocabulary does
+    (m / "tokenizer.json").write_text("{not json")
+    assert tool_dialect_of(m) is None
+    cfg_file = tmp_path / "config.toml"
+    cfg_file.write_text('[models.m]\ntool_dialect = "qwen3_coder_xml"\n')
+    cfg = load_config({"base_path": str(tmp_path / "home"), "hub_cache_dir": str(tmp_path / "hub")}, config_file=cfg_file)
+    assert _model_dialects(cfg) == {"m": "qwen3_coder_xml"}
