@@ -305,6 +305,10 @@ class ServerConfig:
         kv_bits: quantize every chat model's full-attention KV cache to this many bits (mlx-lm's
             ``QuantizedKVCache``, from the first token); None keeps it in the model's dtype.
         kv_group_size: elements per quantization group along the head dim (with ``kv_bits``).
+        prefill_step_size: most prompt tokens of one prefill chunk (alone and beside decoding
+            streams), a multiple of the block size; None = measured per model and device at load
+            (`omlx.engine.runner.measured_step_sizes`). Pin it to make two servers cut prompts
+            alike (different cuts change the last bits of KV values and logits).
         test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
             to inject into generation (omlx.engine.faults); None in production.
         test_park: TEST ONLY, from env ``OMLX_TEST_PARK``: requests may ask to wait at an await
@@ -330,6 +334,7 @@ class ServerConfig:
     context_scale_to: int | None = None
     kv_bits: int | None = None
     kv_group_size: int = 64
+    prefill_step_size: int | None = None
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -368,6 +373,7 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_CONTEXT_SCALE_TO": "context_scale_to",
     "OMLX_KV_BITS": "kv_bits",
     "OMLX_KV_GROUP_SIZE": "kv_group_size",
+    "OMLX_PREFILL_STEP_SIZE": "prefill_step_size",
     "OMLX_PRELOAD_BLAS": "preload_blas",
     "OMLX_LOG_LEVEL": "log_level",
     "OMLX_DISABLE_KERNELS": "disable_kernels",
@@ -413,6 +419,8 @@ def _coerce(key: str, value: Any) -> Any:
         return int(value)
     if name == "kv_bits":
         return None if value in (None, "", "none", "off") else int(value)
+    if name == "prefill_step_size":
+        return None if value in (None, "", 0, "0", "auto") else int(value)
     if name == "idle_text_after_s":
         return None if value in (None, "", "none", "off") else float(value)
     if name == "context_scale_to":
@@ -552,6 +560,10 @@ def load_config(
     if cfg.kv_group_size not in KV_GROUP_SIZE_CHOICES:
         raise InvalidRequestError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZE_CHOICES))}, "
                                   f"got {cfg.kv_group_size}")
+    if cfg.prefill_step_size is not None and (cfg.prefill_step_size < cfg.cache.block_size
+                                              or cfg.prefill_step_size % cfg.cache.block_size):
+        raise InvalidRequestError(f"prefill_step_size must be a positive multiple of block_size "
+                                  f"({cfg.cache.block_size}), got {cfg.prefill_step_size}")
     if cfg.context_scale_to is not None and cfg.context_scale_to < 1:
         raise InvalidRequestError("context_scale_to must be a positive number of tokens")
     return cfg

@@ -110,7 +110,11 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
         logger.warning("TEST FAULT INJECTION is on (OMLX_TEST_FAULT=%s): generation will fail on purpose", config.test_fault)
     engine = Engine(model_id, loaded.model, loaded.tokenizer, scheduler=scheduler,
                     prefix_cache=prefix_cache, block_size=config.cache.block_size, fault_plan=fault_plan,
-                    measure_steps=True, make_cache=spec.make_cache if spec and spec.kv_quantization else None)
+                    measure_steps=config.prefill_step_size is None,
+                    prefill_step_size=config.prefill_step_size or 2048,
+                    make_cache=spec.make_cache if spec and spec.kv_quantization else None)
+    if config.prefill_step_size:
+        logger.info("%s: prefill chunk %d tokens (configured, not measured)", model_id, config.prefill_step_size)
     engine.start()
     entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config), settings=settings)
     logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")

@@ -454,7 +454,7 @@ def test_long_silence_keeps_alive_with_empty_text_deltas_and_the_turn_replays():
     env = {"OMLX_KEEPALIVE_S": "0.2", "OMLX_IDLE_TEXT_AFTER_S": "0"}
     with ServerProcess(["-m", MODEL_ID, "--no-cache"], env=env) as s:
         h = {**VERSION, "content-type": "application/json"}
-        long = f"Run {uuid.uuid4().hex}. Summarize: " + "the cat sat on the mat. " * 120
+        long = f"Run {uuid.uuid4().hex}. Summarize: " + "the cat sat on the mat. " * 40
         body = {"model": MODEL_ID, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": long}]}
         events = stream_events(s, body, headers=h)
         final = check_stream(events)

@@ -53,6 +53,18 @@ def test_kv_bits_from_file_env_and_flags_and_bad_values_named(tmp_path: Path):
             load_config(flags, {}, None)
 
 
+def test_prefill_step_size_is_measured_by_default_pinned_by_any_source_and_a_block_multiple(tmp_path: Path):
+    f = tmp_path / "c.toml"
+    f.write_text("prefill_step_size = 1024\n")
+    assert load_config({}, {}, None).prefill_step_size is None
+    assert load_config({}, {}, f).prefill_step_size == 1024
+    assert load_config({}, {"OMLX_PREFILL_STEP_SIZE": "512"}, f).prefill_step_size == 512
+    assert load_config({"prefill_step_size": 128, "cache.block_size": 64}, {}, f).prefill_step_size == 128
+    for flags in ({"prefill_step_size": 300}, {"prefill_step_size": 128}, {"prefill_step_size": -256}):
+        with pytest.raises(InvalidRequestError, match="prefill_step_size must be a positive multiple of block_size"):
+            load_config(flags, {}, None)
+
+
 def test_test_park_comes_from_the_environment_only_and_is_off_by_default():
     assert load_config(env={}).test_park is False
     assert load_config(env={"OMLX_TEST_PARK": "1"}).test_park is True
