@@ -28,39 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-class Server:
-    """``python -m omlx serve`` on a free port with its own home, until /health answers."""
-
-    def __init__(self, model: str, home: Path):
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(home / "serve.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "omlx", "serve", "--model", model, "--port", str(self.port),
-                                      "--base-path", str(home)], stdout=self.log, stderr=subprocess.STDOUT)
-
-    def __enter__(self) -> "Server":
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"omlx serve exited with {self.proc.returncode}: see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    self.model_id = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("omlx serve did not become ready in 600 s")
-
-    def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
-        self.log.close()
+from benchmarks.common import Server, ensure_model_dir  # noqa: E402
 
 
 def top_functions(raw: Path, n: int = 15) -> list[tuple[int, str]]:
@@ -79,22 +47,20 @@ def top_functions(raw: Path, n: int = 15) -> list[tuple[int, str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="served id or path (default: the embedded SmolLM2)")
+    ap.add_argument("--model", default=None, help="mlx-lm model folder (default: the embedded SmolLM2)")
     ap.add_argument("--lines", type=int, default=200, help="prompt lines (200: ~4,000 tokens with SmolLM2)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--py-spy", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     text = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog number {i}." for i in range(args.lines))
-    if args.model is None:
-        from tests.helpers import default_model_dir
-
-        args.model = str(default_model_dir())
+    model_dir = ensure_model_dir(Path(args.model) if args.model else None)
     home = Path(tempfile.mkdtemp(prefix="omlx-identical-"))
-    result: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(), "model": args.model}
+    result: dict = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(), "model": str(model_dir)}
+    s = Server("omlx", model_dir, base_path=home).start()
     try:
-        with Server(args.model, home) as s, httpx.Client(timeout=600) as c:
-            body = {"model": s.model_id, "messages": [{"role": "user", "content": text}], "max_tokens": 1, "temperature": 0}
+        with httpx.Client(timeout=600) as c:
+            body = {"model": s.model_name, "messages": [{"role": "user", "content": text}], "max_tokens": 1, "temperature": 0}
             def once() -> tuple[float, dict]:
                 t = time.perf_counter()
                 r = c.post(s.url + "/v1/chat/completions", json=body)
@@ -119,6 +85,7 @@ def main() -> None:
                     once()
                 result["py_spy_top"] = top_functions(raw)
     finally:
+        s.stop()
         shutil.rmtree(home, ignore_errors=True)
     print(json.dumps(result, indent=1))
     if args.out:
