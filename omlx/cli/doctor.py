@@ -16,25 +16,33 @@ from omlx.cli.common import config_from
 _COLOR = {"ok": "green", "info": "blue", "warning": "yellow", "error": "red"}
 
 
-def _model_caches(cfg, kv_bits: int | None = None, kv_group_size: int = 64) -> dict[str, tuple[str, bool | None]]:
-    """Each model's cache layout (as ``--kv-bits`` serves it), by served id, for the models folder and
-    the hub cache, read from its config without loading weights (None: not a language model mlx-lm
-    builds, e.g. an embedding model omlx serves with its own encoder)."""
+def _catalogue(cfg) -> list:
+    """The models folder's and the hub cache's `CatalogueEntry`s (walked once per report)."""
     from omlx.engine import hub
-    from omlx.engine.catalogue import local_models, prefix_cache_of
+    from omlx.engine.catalogue import local_models
+
+    return local_models(cfg.models_dir, cfg.hub_cache or hub.cache_dir(None))
+
+
+def _model_caches(cfg, kv_bits: int | None = None, kv_group_size: int = 64,
+                  entries: list | None = None) -> dict[str, tuple[str, bool | None]]:
+    """Each model's cache layout (as ``--kv-bits`` serves it), by served id, for the models folder and
+    the hub cache (``entries``: `_catalogue`'s, walked here when not given), read from its config
+    without loading weights (None: not a language model mlx-lm builds, e.g. an embedding model omlx
+    serves with its own encoder)."""
+    from omlx.engine.catalogue import prefix_cache_of
 
     return {e.model_id: prefix_cache_of(e.path, kv_bits, kv_group_size)
-            for e in local_models(cfg.models_dir, cfg.hub_cache or hub.cache_dir(None))}
+            for e in (entries if entries is not None else _catalogue(cfg))}
 
 
-def _model_dialects(cfg) -> dict[str, str | None]:
+def _model_dialects(cfg, entries: list | None = None) -> dict[str, str | None]:
     """Each model's tool-call dialect, by served id: the config's ``tool_dialect`` for it, else
     the one its chat template names (read from its tokenizer files, as ``omlx serve`` detects it)."""
-    from omlx.engine import hub
-    from omlx.engine.catalogue import local_models, tool_dialect_of
+    from omlx.engine.catalogue import tool_dialect_of
 
     out: dict[str, str | None] = {}
-    for e in local_models(cfg.models_dir, cfg.hub_cache or hub.cache_dir(None)):
+    for e in entries if entries is not None else _catalogue(cfg):
         settings = cfg.model_settings.get(e.model_id)
         out[e.model_id] = settings.tool_dialect if settings and settings.tool_dialect else tool_dialect_of(e.path)
     return out
@@ -53,9 +61,11 @@ def doctor(
     from omlx.memory import MemoryLimits
 
     cfg = config_from({"host": host, "port": port, "base_path": base_path}, config)
+    entries = _catalogue(cfg)
     facts = Facts(memory_ceiling_bytes=MemoryLimits.from_config(cfg.memory).ceiling_bytes,
-                  bind_problem=check_bind(cfg), model_caches=_model_caches(cfg, cfg.kv_bits, cfg.kv_group_size),
-                  model_dialects=_model_dialects(cfg))
+                  bind_problem=check_bind(cfg),
+                  model_caches=_model_caches(cfg, cfg.kv_bits, cfg.kv_group_size, entries=entries),
+                  model_dialects=_model_dialects(cfg, entries=entries))
     report = run_checks(cfg, facts)
     if as_json:
         typer.echo(json.dumps(report.as_dict(), indent=1))
