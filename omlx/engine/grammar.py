@@ -19,6 +19,7 @@ is a Metal kernel; the mask here is applied with plain MLX ops so it runs on the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -164,6 +165,12 @@ class Grammars:
                 self._valid.popitem(last=False)
         return grammar
 
+    @functools.cached_property
+    def _added_vocab(self) -> dict[str, int]:
+        """The tokenizer's added tokens (text -> id), read once."""
+        hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
+        return dict(getattr(hf, "get_added_vocab", dict)())
+
     def _lark_text(self, text: str) -> str:
         """``text`` as a Lark expression: a string literal, except that a token the tokenizer
         added (Qwen's ``<tool_call>``) is matched as that token, ``<[id]>``.
@@ -174,8 +181,7 @@ class Grammars:
         """
         if not text:
             return ""
-        hf = getattr(self._tokenizer, "_tokenizer", self._tokenizer)
-        added = getattr(hf, "get_added_vocab", dict)()
+        added = self._added_vocab
         names = sorted((t for t in added if t and t in text), key=len, reverse=True)
         if not names:
             return _lark_str(text)
