@@ -309,6 +309,8 @@ class ServerConfig:
             streams), a multiple of the block size; None = measured per model and device at load
             (`omlx.engine.runner.measured_step_sizes`). Pin it to make two servers cut prompts
             alike (different cuts change the last bits of KV values and logits).
+        lookup_draft_tokens: prompt-lookup speculative decoding: most tokens drafted per verify
+            step for a greedy request decoding alone (`omlx.engine.lookup`); 0 (default) = off.
         test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
             to inject into generation (omlx.engine.faults); None in production.
         test_park: TEST ONLY, from env ``OMLX_TEST_PARK``: requests may ask to wait at an await
@@ -335,6 +337,7 @@ class ServerConfig:
     kv_bits: int | None = None
     kv_group_size: int = 64
     prefill_step_size: int | None = None
+    lookup_draft_tokens: int = 0
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -374,6 +377,7 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_KV_BITS": "kv_bits",
     "OMLX_KV_GROUP_SIZE": "kv_group_size",
     "OMLX_PREFILL_STEP_SIZE": "prefill_step_size",
+    "OMLX_LOOKUP_DRAFT_TOKENS": "lookup_draft_tokens",
     "OMLX_PRELOAD_BLAS": "preload_blas",
     "OMLX_LOG_LEVEL": "log_level",
     "OMLX_DISABLE_KERNELS": "disable_kernels",
@@ -415,7 +419,8 @@ def _coerce(key: str, value: Any) -> Any:
     if name.endswith("_bytes"):
         return None if value in (None, "") else parse_size(value)
     if name in ("port", "max_concurrent_requests", "max_queued_requests", "block_size",
-                "ssd_write_through_hits", "control_port", "worker_port", "context_tokens", "kv_group_size"):
+                "ssd_write_through_hits", "control_port", "worker_port", "context_tokens", "kv_group_size",
+                "lookup_draft_tokens"):
         return int(value)
     if name == "kv_bits":
         return None if value in (None, "", "none", "off") else int(value)
@@ -560,6 +565,8 @@ def load_config(
     if cfg.kv_group_size not in KV_GROUP_SIZE_CHOICES:
         raise InvalidRequestError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZE_CHOICES))}, "
                                   f"got {cfg.kv_group_size}")
+    if not 0 <= cfg.lookup_draft_tokens <= 64:
+        raise InvalidRequestError(f"lookup_draft_tokens must be 0 (off) to 64, got {cfg.lookup_draft_tokens}")
     if cfg.prefill_step_size is not None and (cfg.prefill_step_size < cfg.cache.block_size
                                               or cfg.prefill_step_size % cfg.cache.block_size):
         raise InvalidRequestError(f"prefill_step_size must be a positive multiple of block_size "

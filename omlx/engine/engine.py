@@ -149,6 +149,7 @@ class Engine:
         block_size: KV block size in tokens (prefill chunks end at its multiples).
         prefill_step_size: most prompt tokens one forward pass processes per sequence.
         mixed_step_size: the same while other requests decode (default: ``prefill_step_size``).
+        num_draft_tokens: prompt-lookup drafts per verify step (`BatchRunner`); 0 = off.
         measure_steps: choose both step sizes by measuring the model on this device when the
             engine thread starts (`omlx.engine.runner.measured_step_sizes`: once per model shape
             and device in the process; logged).
@@ -175,6 +176,7 @@ class Engine:
         measure_steps: bool = False,
         fault_plan: FaultPlan | None = None,
         make_cache: Callable[[], list[Any]] | None = None,
+        num_draft_tokens: int = 0,
     ):
         self.model_id = model_id
         self.fault_plan = fault_plan
@@ -189,6 +191,7 @@ class Engine:
         self.mixed_step_size = mixed_step_size or prefill_step_size
         self.measure_steps = measure_steps
         self.make_cache = make_cache
+        self.num_draft_tokens = num_draft_tokens
         self.step_sizes: StepSizes | None = None
         self._grammars: Grammars | None = None
         self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
@@ -312,6 +315,7 @@ class Engine:
             hold_last_token=self._hold_last_token(),
             make_cache=self.make_cache,
             grammars=self._grammars,
+            num_draft_tokens=self.num_draft_tokens,
         )
 
     @property

@@ -112,6 +112,7 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
                     prefix_cache=prefix_cache, block_size=config.cache.block_size, fault_plan=fault_plan,
                     measure_steps=config.prefill_step_size is None,
                     prefill_step_size=config.prefill_step_size or 2048,
+                    num_draft_tokens=config.lookup_draft_tokens,
                     make_cache=spec.make_cache if spec and spec.kv_quantization else None)
     if config.prefill_step_size:
         logger.info("%s: prefill chunk %d tokens (configured, not measured)", model_id, config.prefill_step_size)

@@ -43,6 +43,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.cache_spec import freeze
 from omlx.engine.grammar import GrammarMatcher, Grammars, mask_logits
+from omlx.engine.lookup import PromptLookup
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,14 @@ class _Seq:
     grammar: GrammarMatcher | None = None  # constrained decoding (structured outputs)
     num_generated: int = 0
     first: tuple[mx.array, mx.array] | None = None  # (token (1,), logprobs (1, V))
+    # Speculative decoding (prompt lookup), only while the sequence decodes alone:
+    lookup: PromptLookup | None = None
+    spec_off: bool = False  # not eligible, or switched off for low acceptance
+    y_known: int | None = None  # the token to feed next, already read by a verify step
+    num_draft: int = 0  # draft length of the next verify step (adapted to acceptance)
+    num_spec_steps: int = 0
+    num_drafted: int = 0
+    num_accepted: int = 0
 
 
 def _sample(seqs: Sequence[_Seq], logits: mx.array, inputs: mx.array | None,
@@ -172,12 +181,22 @@ class BatchRunner:
             attention layers are `omlx.engine.quant_cache.QuantKVCache`).
         grammars: the model's `Grammars`, needed for sequences inserted with a grammar matcher
             (constrained decoding); None when none will be.
+        num_draft_tokens: most tokens prompt lookup drafts per verify step (0: speculation
+            off). Used for a greedy sequence without processors or grammar while it decodes
+            alone over plain ``KVCache`` layers (the only ones trimmed exactly); see `_spec_step`.
     """
+
+    #: A sequence whose verify steps accept fewer tokens than this on average, over at least
+    #: `SPEC_PROBE_STEPS` of them, stops speculating (a failed verify costs a wider forward
+    #: and a host sync the pipelined step hides).
+    SPEC_MIN_ACCEPTED = 0.5
+    SPEC_PROBE_STEPS = 16
 
     def __init__(self, model: Any, *, stop_tokens: Sequence[Sequence[int]], prefill_step_size: int = 2048,
                  mixed_step_size: int | None = None, block_size: int = 256,
                  on_prefill_chunk: ChunkHook | None = None, stream: Any = None, hold_last_token: bool = False,
-                 make_cache: Callable[[], list[Any]] | None = None, grammars: Grammars | None = None):
+                 make_cache: Callable[[], list[Any]] | None = None, grammars: Grammars | None = None,
+                 num_draft_tokens: int = 0):
         from mlx_lm.generate import StopSequences
 
         self.model = model
@@ -201,6 +220,10 @@ class BatchRunner:
         self._num_steps = 0
         self._reports: list[tuple[int, list[Any], int]] = []  # chunk hooks due after the next step
         self.num_prefill_tokens = 0  # tokens prefilled (cached prefixes excluded), all time
+        self.num_draft_tokens = max(0, num_draft_tokens)
+        self.num_spec_steps = 0  # verify steps run, all time
+        self.num_drafted_tokens = 0  # draft tokens proposed, all time
+        self.num_accepted_tokens = 0  # of them accepted, all time
 
     # ---- the BatchGenerator-shaped surface ----------------------------------------------
 
@@ -342,13 +365,20 @@ class BatchRunner:
         with mx.stream(self._stream):
             self._join()
             y_in, lp_in, rows = self._y, self._lp, list(self._rows)
-            if y_in is not None:
+            spec = self._spec_candidate() if y_in is not None and self.num_draft_tokens else None
+            spec_resps = self._spec_step(spec, y_in, lp_in) if spec is not None else None
+            if spec_resps is None and y_in is not None:
+                if len(rows) == 1:
+                    rows[0].y_known = None  # a plain step feeds (and later reads) y_in itself
                 # Queue the step that feeds y_in before the host reads it (pipelining).
                 logits = self.model(y_in[:, None], cache=self._cache)[:, -1, :]
                 self._y, self._lp = _sample(self._rows, logits, y_in, self.grammars)
                 mx.async_eval(self._y, self._lp)
             prompt_resps = self._prefill_chunk() if self._prefill else []
-            gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
+            if spec_resps is not None:
+                gen_resps = spec_resps
+            else:
+                gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
             self._run_reports(reports)
         self._num_steps += 1
         if self._num_steps % _CLEAR_CACHE_EVERY == 0:
@@ -464,6 +494,92 @@ class BatchRunner:
         if done:
             self._drop_rows(done)
         return out
+
+    # ---- speculative decoding (prompt lookup) ----------------------------------------------
+
+    def _spec_candidate(self) -> _Seq | None:
+        """The sequence to speculate for in this step, or None for a plain pipelined step.
+
+        Only a lone decoding sequence speculates: a merged batch's caches cannot drop one
+        row's rejected tokens. A step whose next token is not yet on the host speculates only
+        when the tokens known so far already end in a repeated n-gram (reading the token
+        costs the pipeline's overlap).
+        """
+        from mlx_lm.models.cache import KVCache
+
+        if self._merged or len(self._rows) != 1:
+            return None
+        s = self._rows[0]
+        if s.spec_off:
+            return None
+        if s.lookup is None:
+            if (s.sampler is not greedy_sampler or s.processors or s.grammar is not None
+                    or not all(type(c) is KVCache for c in self._cache)):
+                s.spec_off = True
+                return None
+            s.lookup, s.num_draft = PromptLookup(), self.num_draft_tokens
+        if s.y_known is None and len(s.tokens) > 1 and not s.lookup.propose(s.tokens[:-1], s.tokens[-1], 1):
+            return None
+        return s
+
+    def _spec_step(self, s: _Seq, y_in: mx.array, lp_in: mx.array) -> list[TokenResponse] | None:
+        """One verify step of lone sequence ``s``: feed its next token ``y`` and up to
+        ``s.num_draft`` drafted tokens ``d1..dk`` in one forward pass, keep the longest prefix
+        of the draft that greedy decoding would have produced, and trim the KV of the rest.
+
+        The logits after ``y, d1..di`` are the ones a plain step would compute after those
+        tokens, so the emitted tokens are greedy decoding's (up to the last bits of a wider
+        matmul). Returns the emitted responses (``y``, the accepted drafts), or None when no
+        draft was found (the caller runs a plain step; ``y`` is then on the host).
+        """
+        y = s.y_known if s.y_known is not None else int(y_in.item())
+        s.y_known = None
+        room = s.max_tokens - s.num_generated - 1  # tokens still allowed after y
+        draft = s.lookup.propose(s.tokens, y, min(s.num_draft, room)) if room > 0 else []  # type: ignore[union-attr]
+        if not draft:
+            return None
+        x = mx.array([y, *draft], dtype=mx.uint32)[None]
+        logits = self.model(x, cache=self._cache)[0]  # (k + 1, V)
+        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        g = mx.argmax(lp, axis=-1)
+        guess = g.tolist()  # the step's host sync
+        a = 0
+        while a < len(draft) and guess[a] == draft[a]:
+            a += 1
+        self._trim(len(draft) - a)
+        self._y, self._lp = g[a : a + 1], lp[a : a + 1]
+        s.y_known = guess[a]
+        s.num_spec_steps += 1
+        s.num_drafted += len(draft)
+        s.num_accepted += a
+        self.num_spec_steps += 1
+        self.num_drafted_tokens += len(draft)
+        self.num_accepted_tokens += a
+        s.num_draft = min(self.num_draft_tokens, max(1, 2 * a))
+        if s.num_spec_steps >= self.SPEC_PROBE_STEPS and s.num_accepted < self.SPEC_MIN_ACCEPTED * s.num_spec_steps:
+            s.spec_off = True
+            logger.info("speculation off for sequence %d: %d of %d drafted tokens accepted in %d verify steps",
+                        s.uid, s.num_accepted, s.num_drafted, s.num_spec_steps)
+        emitted = [(y, lp_in, 0)] + [(draft[j], lp, j) for j in range(a)]
+        out: list[TokenResponse] = []
+        for i, (t, arr, row) in enumerate(emitted):
+            s.tokens.append(t)
+            s.num_generated += 1
+            reason = "stop" if s.matcher.advance(t) else ("length" if s.num_generated >= s.max_tokens else None)
+            r = TokenResponse(s.uid, t, arr, row, reason)
+            out.append(r)
+            if reason is not None:
+                self._trim(len(emitted) - i - 1)  # the KV past the finishing token
+                r.prompt_cache, r.all_tokens = self._extract(0), list(s.tokens)
+                self._drop_rows([0])
+                break
+        return out
+
+    def _trim(self, n: int) -> None:
+        """Drop the last ``n`` positions of the lone sequence's caches (plain ``KVCache``)."""
+        if n > 0:
+            for c in self._cache:
+                c.trim(n)
 
     def _extract(self, row: int) -> list[Any]:
         """Batch-1 caches of decode row ``row`` (a copy when the batch is merged)."""

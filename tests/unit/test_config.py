@@ -65,6 +65,18 @@ def test_prefill_step_size_is_measured_by_default_pinned_by_any_source_and_a_blo
             load_config(flags, {}, None)
 
 
+def test_lookup_draft_tokens_is_off_by_default_set_by_any_source_and_bounded(tmp_path: Path):
+    f = tmp_path / "c.toml"
+    f.write_text("lookup_draft_tokens = 4\n")
+    assert load_config({}, {}, None).lookup_draft_tokens == 0
+    assert load_config({}, {}, f).lookup_draft_tokens == 4
+    assert load_config({}, {"OMLX_LOOKUP_DRAFT_TOKENS": "8"}, f).lookup_draft_tokens == 8
+    assert load_config({"lookup_draft_tokens": 2}, {"OMLX_LOOKUP_DRAFT_TOKENS": "8"}, f).lookup_draft_tokens == 2
+    for bad in (-1, 65):
+        with pytest.raises(InvalidRequestError, match="lookup_draft_tokens must be 0"):
+            load_config({"lookup_draft_tokens": bad}, {}, None)
+
+
 def test_test_park_comes_from_the_environment_only_and_is_off_by_default():
     assert load_config(env={}).test_park is False
     assert load_config(env={"OMLX_TEST_PARK": "1"}).test_park is True

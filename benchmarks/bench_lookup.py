@@ -1,0 +1,89 @@
+"""Prompt-lookup speculative decoding, in-process: the ``edit`` scenario with drafting on and off.
+
+A source file goes in the prompt and the model is asked to return it with one change; greedy
+decode tokens/s of omlx's `BatchRunner` with ``num_draft_tokens`` = 0 (off) and K, the tokens
+checked equal, and the acceptance counters. Default model: the test model (SmolLM2-135M-Instruct).
+
+    .venv/bin/python benchmarks/bench_lookup.py [--model DIR] [--draft 6] [--max-tokens 200] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import platform
+import time
+
+import mlx.core as mx
+from mlx_lm import load
+
+from omlx.engine.runner import BatchRunner
+
+
+def edit_prompt(tokenizer) -> list[int]:
+    import omlx.engine.lookup as source
+
+    code = inspect.getsource(source.PromptLookup.propose)
+    msg = ("Here is a Python function:\n\n```python\n" + code + "```\n\nReturn the whole function "
+           "unchanged except that the variable `draft` is renamed to `guess`. Reply with the code only.")
+    return tokenizer.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True)
+
+
+def run(model, prompt: list[int], eos: list[int], draft: int, max_tokens: int) -> tuple[list[int], float, BatchRunner]:
+    runner = BatchRunner(model, stop_tokens=[(t,) for t in eos], prefill_step_size=2048, block_size=256,
+                         num_draft_tokens=draft)
+    runner.insert_segments([[prompt]], max_tokens=[max_tokens])
+    toks: list[int] = []
+    t_first = None
+    while len(runner):
+        _, gen = runner.next()
+        for r in gen:
+            if t_first is None:
+                t_first = time.perf_counter()
+            toks.append(r.token)
+    dt = time.perf_counter() - t_first  # decode time after the first token
+    return toks, (len(toks) - 1) / dt, runner
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--draft", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    path = a.model
+    if path is None:
+        from tests.helpers import default_model_dir
+
+        path = str(default_model_dir())
+    model, tok = load(path)
+    prompt = edit_prompt(tok)
+    run(model, prompt, tok.eos_token_ids, 0, 8)  # warm-up
+    rows = []
+    for rep in range(a.reps):
+        for k in (0, a.draft) if rep % 2 == 0 else (a.draft, 0):
+            toks, tps, r = run(model, prompt, list(tok.eos_token_ids), k, a.max_tokens)
+            rows.append({"draft": k, "tokens": len(toks), "decode_tok_s": round(tps, 2), "ids": toks,
+                         "verify_steps": r.num_spec_steps, "drafted": r.num_drafted_tokens,
+                         "accepted": r.num_accepted_tokens})
+    off = [r for r in rows if r["draft"] == 0]
+    on = [r for r in rows if r["draft"] == a.draft]
+    same = all(r["ids"] == off[0]["ids"] for r in rows)
+    speed = sum(r["decode_tok_s"] for r in on) / sum(r["decode_tok_s"] for r in off)
+    summary = {"model": path, "device": str(mx.default_device()), "machine": platform.machine(),
+               "prompt_tokens": len(prompt), "draft": a.draft, "tokens_equal": same, "speedup": round(speed, 2),
+               "acceptance": round(on[0]["accepted"] / max(1, on[0]["drafted"]), 3),
+               "tokens_per_verify_step": round((on[0]["accepted"]) / max(1, on[0]["verify_steps"]) + 1, 2),
+               "runs": [{k: v for k, v in r.items() if k != "ids"} for r in rows],
+               "date": time.strftime("%Y-%m-%d %H:%M")}
+    print(json.dumps(summary, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Prompt-lookup speculative decoding in omlx's runner, in-process on a tiny random llama.
+
+Differential: with drafting on, every sequence's greedy tokens equal mlx-lm's own
+``generate_step`` (the same reference as test_runner), while verify steps really run, accept
+some drafts and reject others. The model here is drawn with a small spread and a 512-token
+vocabulary so its greedy output falls into loops of many tokens, which lookup partly predicts
+(120 tokens of it: 34 distinct; 41 drafted, 35 accepted in 21 verify steps).
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+
+from omlx.engine.lookup import PromptLookup
+from omlx.engine.runner import BatchRunner
+from tests.unit.engine.test_runner import drive, reference
+
+
+def test_lookup_proposes_what_followed_the_last_earlier_occurrence():
+    look = PromptLookup(max_ngram=3, min_ngram=2)
+    hist = [1, 2, 3, 4, 5, 9, 2, 3]
+    assert look.propose(hist, 4, 3) == [5, 9, 2]  # (2, 3, 4) occurred at 1..3
+    assert look.propose(hist + [4], 7, 3) == []  # (4, 7) and (..., 4, 7) never occurred
+    # The most recent occurrence wins; a match may run into the newest token.
+    assert PromptLookup().propose([5, 6, 1, 5, 6, 2, 5], 6, 4) == [2, 5, 6]
+    assert PromptLookup().propose([7, 7, 7], 7, 5) == [7, 7]
+    assert look.propose(hist, 4, 0) == []
+    with pytest.raises(ValueError):
+        PromptLookup(max_ngram=1, min_ngram=2)
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A tiny random llama (vocab 512, weights std 1/sqrt(fan_in)) whose greedy output loops."""
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                           vocab_size=512, rope_theta=10000.0, tie_word_embeddings=True)
+    m = llama.Model(args)
+    mx.random.seed(3)
+    m.update(tree_unflatten([(k, mx.random.normal(v.shape) / v.shape[-1] ** 0.5 if v.ndim > 1 else v)
+                             for k, v in tree_flatten(m.parameters())]))
+    mx.eval(m.parameters())
+    return m
+
+
+def _loop_prompt(n: int = 48, seed: int = 1) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(0, 512) for _ in range(n)]
+
+
+def test_a_lone_greedy_sequence_speculates_and_its_tokens_equal_generate_step(model):
+    p = _loop_prompt()
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, block_size=64, num_draft_tokens=6)
+    got = drive(runner, {0: [("a", p)]}, max_tokens=120)
+    assert got["a"] == reference(model, p, 120)
+    assert runner.num_spec_steps > 0 and runner.num_accepted_tokens > 0, (
+        runner.num_spec_steps, runner.num_drafted_tokens, runner.num_accepted_tokens)
+    # Some drafts were rejected (their KV trimmed) and the output is still exact.
+    assert runner.num_accepted_tokens < runner.num_drafted_tokens
+
+
+def test_max_tokens_and_stop_tokens_inside_an_accepted_draft(model):
+    p = _loop_prompt()
+    ref = reference(model, p, 60)
+    for n in (1, 2, 5, 13, 37):
+        runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, block_size=64, num_draft_tokens=8)
+        assert drive(runner, {0: [("a", p)]}, max_tokens=n)["a"] == ref[:n], n
+    # A stop token that appears mid-output ends the sequence there (drive checks the returned
+    # caches hold exactly all_tokens).
+    stop = ref[40]
+    cut = ref.index(stop)
+    runner = BatchRunner(model, stop_tokens=[(stop,)], prefill_step_size=128, block_size=64, num_draft_tokens=8)
+    got = drive(runner, {0: [("a", p)]}, max_tokens=60)["a"]
+    assert got == ref[: cut + 1], (cut, got)  # the stop token is emitted, with its finish reason
+
+
+def test_a_batch_speculates_only_while_one_sequence_is_left_and_stays_exact(model):
+    loop = _loop_prompt()
+    other = [_loop_prompt(20, seed=2), _loop_prompt(90, seed=3)]
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, mixed_step_size=32, block_size=64,
+                         num_draft_tokens=6)
+    schedule = {0: [("a", loop)], 30: [("b", other[0])], 34: [("c", other[1])]}
+    got = drive(runner, schedule, max_tokens=90, remove_at={40: "b"})
+    assert got["a"] == reference(model, loop, 90)
+    assert got["c"] == reference(model, other[1], 90)
+    assert got["b"] == reference(model, other[0], 90)[: len(got["b"])]
+    assert runner.num_spec_steps > 0
+
+
+def test_sampled_or_processed_sequences_never_speculate(model):
+    import mlx.core as mx
+
+    p = _loop_prompt()
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, block_size=64, num_draft_tokens=6)
+    (uid,) = runner.insert_segments([[p]], max_tokens=[12], samplers=[lambda lp: mx.argmax(lp, axis=-1)])
+    toks = []
+    while len(runner):
+        toks += [r.token for r in runner.next()[1]]
+    assert toks == reference(model, p, 12)
+    assert runner.num_spec_steps == 0
+
+
+def test_the_engine_with_drafting_on_gives_generate_step_tokens_and_caches_decoded_blocks(model, tokenizer):
+    """Through the engine (prefix cache on, 64-token blocks): tokens emitted several per step
+    still detokenize, count and fill decode blocks exactly; the next turn hits those blocks."""
+    from omlx.request import Request, SamplingParams
+    from tests.unit.engine.test_runner import _engine, _run_all, _tokens, _usage
+
+    eos = frozenset(tokenizer.eos_token_ids)
+    sp = SamplingParams(max_tokens=100, temperature=0.0)
+    p = _loop_prompt(40)
+    eng = _engine(model, tokenizer, cache=True)
+    eng.num_draft_tokens = 6
+    eng._gen.num_draft_tokens = 6  # the runner was built at start
+    try:
+        first = _run_all(eng, [Request("tiny", p, sp)])[0]
+        out = _tokens(first)
+        assert out == reference(model, p, 100, eos)
+        assert _usage(first).num_completion_tokens == len(out)
+        assert eng._gen.num_accepted_tokens > 0
+        nxt = p + out + _loop_prompt(10, seed=9)
+        second = _run_all(eng, [Request("tiny", nxt, SamplingParams(max_tokens=20, temperature=0.0))])[0]
+        assert _tokens(second) == reference(model, nxt, 20, eos)
+        assert _usage(second).num_cached_tokens == len(p) + len(out)  # the whole first turn, KV exact
+    finally:
+        eng.stop()
