@@ -116,6 +116,9 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
                     make_cache=spec.make_cache if spec and spec.kv_quantization else None)
     if config.prefill_step_size:
         logger.info("%s: prefill chunk %d tokens (configured, not measured)", model_id, config.prefill_step_size)
+    if config.lookup_draft_tokens:
+        logger.info("%s: prompt-lookup drafting on (experimental): up to %d tokens per verify step for a greedy "
+                    "request decoding alone", model_id, config.lookup_draft_tokens)
     engine.start()
     entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config), settings=settings)
     logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")
