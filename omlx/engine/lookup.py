@@ -34,28 +34,28 @@ class PromptLookup:
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
         self._indexed = 0  # n-grams ending before every position < this are in the index
 
-    def propose(self, history: Sequence[int], last: int, k: int) -> list[int]:
-        """Up to ``k`` tokens to follow ``history + [last]``; empty when its last n tokens
-        (for every n tried) occur nowhere earlier.
+    def propose(self, history: Sequence[int], k: int, last: int | None = None) -> list[int]:
+        """Up to ``k`` tokens to follow ``history`` (and then ``last``, when given); empty when
+        its last n tokens (for every n tried) occur nowhere earlier.
 
         Args:
-            history: the sequence's tokens so far (prompt and output), without ``last``; must
-                only grow between calls (the index is extended, never rebuilt).
-            last: the newest token.
+            history: the sequence's tokens so far (prompt and output); must only grow between
+                calls (the index is extended, never rebuilt). Read in place, never copied.
             k: most tokens to propose (>= 0).
+            last: a newest token not yet in ``history`` (the runner's token to feed next).
         """
         if k <= 0:
             return []
-        length = len(history) + 1  # positions of history + [last]
+        tail = () if last is None else (last,)
+        length = len(history) + len(tail)  # positions of history + tail
         self._extend(history, length - 1)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            key = (*history[length - n : length - 1], last) if n > 1 else (last,)
-            end = self._index[n].get(key)
+            end = self._index[n].get((*history[length - n :], *tail))
             if end is None:
                 continue
             draft = list(history[end : end + k])
-            if len(draft) < k and end + len(draft) == length - 1:
-                draft.append(last)  # the match runs into the newest token itself
+            if len(draft) < k and tail and end + len(draft) == len(history):
+                draft.append(last)  # type: ignore[arg-type]  # the match runs into the newest token
             return draft
         return []
 

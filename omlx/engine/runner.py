@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import TokenBuffer, make_prompt_cache
+from mlx_lm.models.cache import KVCache, TokenBuffer, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.cache_spec import freeze
@@ -366,8 +366,8 @@ class BatchRunner:
             self._join()
             y_in, lp_in, rows = self._y, self._lp, list(self._rows)
             spec = self._spec_candidate() if y_in is not None and self.num_draft_tokens else None
-            spec_resps = self._spec_step(spec, y_in, lp_in) if spec is not None else None
-            if spec_resps is None and y_in is not None:
+            gen_resps = self._spec_step(spec, y_in, lp_in) if spec is not None else None
+            if gen_resps is None and y_in is not None:
                 if len(rows) == 1:
                     rows[0].y_known = None  # a plain step feeds (and later reads) y_in itself
                 # Queue the step that feeds y_in before the host reads it (pipelining).
@@ -375,9 +375,7 @@ class BatchRunner:
                 self._y, self._lp = _sample(self._rows, logits, y_in, self.grammars)
                 mx.async_eval(self._y, self._lp)
             prompt_resps = self._prefill_chunk() if self._prefill else []
-            if spec_resps is not None:
-                gen_resps = spec_resps
-            else:
+            if gen_resps is None:
                 gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
             self._run_reports(reports)
         self._num_steps += 1
@@ -479,13 +477,7 @@ class BatchRunner:
         out: list[TokenResponse] = []
         done: list[int] = []
         for i, (s, t) in enumerate(zip(rows, tokens)):
-            s.tokens.append(t)
-            s.num_generated += 1
-            reason = None
-            if s.matcher.advance(t):
-                reason = "stop"
-            elif s.num_generated >= s.max_tokens:
-                reason = "length"
+            reason = self._advance(s, t)
             r = TokenResponse(s.uid, t, lp_in, i, reason)
             if reason is not None:  # rows is self._rows as it stands until _drop_rows below
                 r.prompt_cache, r.all_tokens = self._extract(i), list(s.tokens)
@@ -505,8 +497,6 @@ class BatchRunner:
         when the tokens known so far already end in a repeated n-gram (reading the token
         costs the pipeline's overlap).
         """
-        from mlx_lm.models.cache import KVCache
-
         if self._merged or len(self._rows) != 1:
             return None
         s = self._rows[0]
@@ -518,7 +508,7 @@ class BatchRunner:
                 s.spec_off = True
                 return None
             s.lookup, s.num_draft = PromptLookup(), self.num_draft_tokens
-        if s.y_known is None and len(s.tokens) > 1 and not s.lookup.propose(s.tokens[:-1], s.tokens[-1], 1):
+        if s.y_known is None and not s.lookup.propose(s.tokens, 1):
             return None
         return s
 
@@ -535,7 +525,7 @@ class BatchRunner:
         y = s.y_known if s.y_known is not None else int(y_in.item())
         s.y_known = None
         room = s.max_tokens - s.num_generated - 1  # tokens still allowed after y
-        draft = s.lookup.propose(s.tokens, y, min(s.num_draft, room)) if room > 0 else []  # type: ignore[union-attr]
+        draft = s.lookup.propose(s.tokens, min(s.num_draft, room), last=y) if room > 0 else []  # type: ignore[union-attr]
         if not draft:
             return None
         x = mx.array([y, *draft], dtype=mx.uint32)[None]
@@ -563,9 +553,7 @@ class BatchRunner:
         emitted = [(y, lp_in, 0)] + [(draft[j], lp, j) for j in range(a)]
         out: list[TokenResponse] = []
         for i, (t, arr, row) in enumerate(emitted):
-            s.tokens.append(t)
-            s.num_generated += 1
-            reason = "stop" if s.matcher.advance(t) else ("length" if s.num_generated >= s.max_tokens else None)
+            reason = self._advance(s, t)
             r = TokenResponse(s.uid, t, arr, row, reason)
             out.append(r)
             if reason is not None:
@@ -580,6 +568,15 @@ class BatchRunner:
         if n > 0:
             for c in self._cache:
                 c.trim(n)
+
+    @staticmethod
+    def _advance(s: _Seq, token: int) -> str | None:
+        """Append emitted ``token`` to ``s``; its finish reason ("stop", "length") or None."""
+        s.tokens.append(token)
+        s.num_generated += 1
+        if s.matcher.advance(token):
+            return "stop"
+        return "length" if s.num_generated >= s.max_tokens else None
 
     def _extract(self, row: int) -> list[Any]:
         """Batch-1 caches of decode row ``row`` (a copy when the batch is merged)."""

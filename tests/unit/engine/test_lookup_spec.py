@@ -23,12 +23,14 @@ from tests.unit.engine.test_runner import drive, reference
 def test_lookup_proposes_what_followed_the_last_earlier_occurrence():
     look = PromptLookup(max_ngram=3, min_ngram=2)
     hist = [1, 2, 3, 4, 5, 9, 2, 3]
-    assert look.propose(hist, 4, 3) == [5, 9, 2]  # (2, 3, 4) occurred at 1..3
-    assert look.propose(hist + [4], 7, 3) == []  # (4, 7) and (..., 4, 7) never occurred
+    assert look.propose(hist, 3, last=4) == [5, 9, 2]  # (2, 3, 4) occurred at 1..3
+    assert look.propose(hist + [4], 3, last=7) == []  # (4, 7) and (..., 4, 7) never occurred
     # The most recent occurrence wins; a match may run into the newest token.
-    assert PromptLookup().propose([5, 6, 1, 5, 6, 2, 5], 6, 4) == [2, 5, 6]
-    assert PromptLookup().propose([7, 7, 7], 7, 5) == [7, 7]
-    assert look.propose(hist, 4, 0) == []
+    assert PromptLookup().propose([5, 6, 1, 5, 6, 2, 5], 4, last=6) == [2, 5, 6]
+    assert PromptLookup().propose([7, 7, 7], 5, last=7) == [7, 7]
+    assert look.propose(hist, 0, last=4) == []
+    # Without ``last``, the history's own tail is the key (the runner's check before a read).
+    assert PromptLookup().propose([1, 2, 3, 4, 1, 2], 2) == [3, 4]
     with pytest.raises(ValueError):
         PromptLookup(max_ngram=1, min_ngram=2)
 
@@ -115,9 +117,7 @@ def test_the_engine_with_drafting_on_gives_generate_step_tokens_and_caches_decod
     eos = frozenset(tokenizer.eos_token_ids)
     sp = SamplingParams(max_tokens=100, temperature=0.0)
     p = _loop_prompt(40)
-    eng = _engine(model, tokenizer, cache=True)
-    eng.num_draft_tokens = 6
-    eng._gen.num_draft_tokens = 6  # the runner was built at start
+    eng = _engine(model, tokenizer, cache=True, num_draft_tokens=6)
     try:
         first = _run_all(eng, [Request("tiny", p, sp)])[0]
         out = _tokens(first)

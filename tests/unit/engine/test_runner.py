@@ -123,7 +123,7 @@ def test_step_sizes_are_measured_within_their_bounds(model):
 # ---- the engine over the runner -------------------------------------------------------------
 
 
-def _engine(model, tokenizer, *, cache: bool, block_size: int = 64):
+def _engine(model, tokenizer, *, cache: bool, block_size: int = 64, num_draft_tokens: int = 0):
     from omlx.cache.hashing import Namespace, make_kv_format
     from omlx.cache.paged import BlockPool
     from omlx.cache.tiered import TieredCache
@@ -138,7 +138,7 @@ def _engine(model, tokenizer, *, cache: bool, block_size: int = 64):
         pc = PrefixCacheTiers(TieredCache(BlockPool(max_bytes=10**9, block_size=block_size), ns,
                                           MlxPayloadCodec("float32")), spec_of_model(model))
     eng = Engine("tiny", model, tokenizer, scheduler=Scheduler(8, 64), prefix_cache=pc,
-                 block_size=block_size, prefill_step_size=128, mixed_step_size=32)
+                 block_size=block_size, prefill_step_size=128, mixed_step_size=32, num_draft_tokens=num_draft_tokens)
     eng.start()
     return eng
 
