@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import mlx.core as mx
+
 from omlx.config import ModelSettings, ServerConfig
 from omlx.engine.encoder import EncoderEngine, LoadedEncoder
 from omlx.engine.engine import Engine
@@ -119,6 +121,10 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     if config.lookup_draft_tokens:
         logger.info("%s: prompt-lookup drafting on (experimental): up to %d tokens per verify step for a greedy "
                     "request decoding alone", model_id, config.lookup_draft_tokens)
+        if mx.default_device().type == mx.DeviceType.cpu:
+            logger.warning("%s: prompt-lookup drafting makes decode slower on a CPU device (an MLX CPU forward "
+                           "costs about linearly in its query length; 0.77x measured, benchmarks/bench_lookup.py)",
+                           model_id)
     engine.start()
     entry = PoolEntry(loaded, engine, note, *model_formats(loaded, config), settings=settings)
     logger.info("%s: tool dialect %s, reasoning markers %s", model_id, entry.tool_dialect or "none", entry.think or "none")
