@@ -170,7 +170,10 @@ class TextDelta:
 @dataclass(slots=True)
 class Usage:
     """Token counts for one request. ``num_cached_tokens`` counts prompt tokens reused from
-    the KV cache; ``num_cached_tokens_cold`` is the part restored from the SSD tier."""
+    the KV cache; ``num_cached_tokens_cold`` is the part restored from the SSD tier.
+    ``num_draft_tokens`` counts prompt-lookup draft tokens checked in verify steps and
+    ``num_accepted_draft_tokens`` those the model agreed with (emitted without a step of their
+    own); ``speculation_off`` says drafting was switched off for low acceptance."""
 
     num_prompt_tokens: int
     num_completion_tokens: int
@@ -178,6 +181,9 @@ class Usage:
     num_cached_tokens_cold: int = 0
     ttft_s: float | None = None
     total_s: float | None = None
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    speculation_off: bool = False
 
 
 @dataclass(slots=True)

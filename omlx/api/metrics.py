@@ -42,6 +42,8 @@ class RequestRecord:
         ttft_ms: time to first token (None when no token came).
         tpot_ms: mean time per output token after the first (None with fewer than 2 tokens).
         decode_tps: tokens after the first / decode seconds.
+        num_draft_tokens, num_accepted_draft_tokens, speculation_off: prompt-lookup drafting
+            (`omlx.request.Usage`); 0, 0, False when it did not run.
     """
 
     request_id: str
@@ -57,6 +59,9 @@ class RequestRecord:
     tpot_ms: float | None
     decode_tps: float | None
     total_ms: float | None
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    speculation_off: bool = False
 
 
 class Metrics:
@@ -83,6 +88,12 @@ class Metrics:
                               buckets=TTFT_BUCKETS_S, registry=r)
         self.tpot = Histogram("omlx_tpot_seconds", "Mean time per output token after the first.", ["model"],
                               buckets=TPOT_BUCKETS_S, registry=r)
+        self.draft_tokens = Counter("omlx_draft_tokens", "Prompt-lookup draft tokens checked in verify steps.",
+                                    ["model"], registry=r)
+        self.accepted_draft_tokens = Counter("omlx_accepted_draft_tokens", "Draft tokens the model agreed with "
+                                             "(emitted without a step of their own).", ["model"], registry=r)
+        self.speculation_off = Counter("omlx_speculation_switched_off", "Requests whose drafting was switched "
+                                       "off for low acceptance.", ["model"], registry=r)
         r.register(_LiveCollector(pool))
 
     def observe(self, model: str, request: Request, event: GenerationEvent) -> None:
@@ -100,6 +111,11 @@ class Metrics:
         self.completion_tokens.labels(model).inc(u.num_completion_tokens)
         self.cached_tokens.labels(model, "hot").inc(max(0, u.num_cached_tokens - u.num_cached_tokens_cold))
         self.cached_tokens.labels(model, "cold").inc(u.num_cached_tokens_cold)
+        if u.num_draft_tokens:
+            self.draft_tokens.labels(model).inc(u.num_draft_tokens)
+            self.accepted_draft_tokens.labels(model).inc(u.num_accepted_draft_tokens)
+        if u.speculation_off:
+            self.speculation_off.labels(model).inc()
         tpot_s = None
         if u.ttft_s is not None:
             self.ttft.labels(model).observe(u.ttft_s)
@@ -109,7 +125,8 @@ class Metrics:
         self._push(RequestRecord(
             request.request_id, model, time.time(), event.finish_reason, u.num_prompt_tokens,
             u.num_completion_tokens, u.num_cached_tokens, u.num_cached_tokens_cold, request.num_prefilled_tokens,
-            _ms(u.ttft_s), _ms(tpot_s), round(1.0 / tpot_s, 2) if tpot_s else None, _ms(u.total_s)))
+            _ms(u.ttft_s), _ms(tpot_s), round(1.0 / tpot_s, 2) if tpot_s else None, _ms(u.total_s),
+            u.num_draft_tokens, u.num_accepted_draft_tokens, u.speculation_off))
 
     def _push(self, rec: RequestRecord) -> None:
         with self._lock:

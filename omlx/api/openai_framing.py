@@ -21,7 +21,7 @@ SSE_DONE = "data: [DONE]\n\n"
 
 
 def usage_json(u: Usage) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": u.num_prompt_tokens,
         "completion_tokens": u.num_completion_tokens,
         "total_tokens": u.num_prompt_tokens + u.num_completion_tokens,
@@ -29,6 +29,12 @@ def usage_json(u: Usage) -> dict[str, Any]:
         "prompt_tokens_details": {"cached_tokens": u.num_cached_tokens,
                                   "cached_tokens_cold": u.num_cached_tokens_cold},
     }
+    if u.num_draft_tokens:
+        # OpenAI's Predicted Outputs fields: draft tokens the model agreed with / did not.
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": u.num_accepted_draft_tokens,
+            "rejected_prediction_tokens": u.num_draft_tokens - u.num_accepted_draft_tokens}
+    return out
 
 
 def logprob_json(lp: TokenLogprob) -> dict[str, Any]:

@@ -127,6 +127,31 @@ class PromptFactory:
     def text(self, seed: int | str, num_tokens: int, tag: str = "") -> str:
         return "\n".join(self.lines(seed, num_tokens, tag))
 
+    def code(self, seed: int | str, num_tokens: int) -> tuple[str, list[str]]:
+        """A Python module of at most ``num_tokens`` tokens (within one function, ~60 tokens):
+        small functions named from `WORDS`, each with a docstring, a loop and a return.
+
+        Returns:
+            (source, the function names in order).
+        """
+        rng = random.Random(f"omlx-bench-code:{seed}")
+        funcs: list[str] = []
+        names: list[str] = []
+        while True:
+            name = "_".join(rng.choice(WORDS) for _ in range(2)) + f"_{len(names)}"
+            a, b = rng.sample(WORDS, 2)
+            fn = (f"def {name}({a}, {b}=None):\n"
+                  f'    """{line(rng)}"""\n'
+                  f"    total = 0\n"
+                  f"    for item in {a}:\n"
+                  f"        if {b} is None or item != {b}:\n"
+                  f"            total += len(str(item)) * {rng.randint(2, 9)}\n"
+                  f"    return total\n")
+            if funcs and self.counter.count("\n".join(funcs + [fn])) > num_tokens:
+                return "\n".join(funcs), names
+            funcs.append(fn)
+            names.append(name)
+
     def words(self, seed: int | str, num_words: int) -> str:
         """A line of ``num_words`` words (a short suffix or chat message)."""
         rng = random.Random(f"omlx-bench-words:{seed}")

@@ -15,6 +15,9 @@ Scenarios (`build`):
 - ``agent``: a coding-agent trace: a large system prompt, tool definitions, a history that grows
   by an assistant tool call and a tool result per turn, and one edit of an early tool result
   in the middle of the trace (as agents do when they prune context).
+- ``edit``: a Python module in the prompt (about twice ``max_tokens`` long), the model asked to
+  return it with one function renamed: the output repeats the input (what prompt-lookup
+  drafting, ``--lookup-draft-tokens``, speeds up; compare a server with it off).
 - ``restart``: the cold long prompt, then (after the runner restarts the server it manages)
   the same prompt again: what the SSD tier brings back.
 
@@ -29,7 +32,7 @@ from typing import Any
 
 from omlx.bench.prompts import PromptFactory
 
-SCENARIOS = ("decode", "concurrency", "cache", "agent", "restart")
+SCENARIOS = ("decode", "concurrency", "cache", "agent", "edit", "restart")
 
 
 @dataclass(slots=True)
@@ -158,13 +161,22 @@ def agent(pf: PromptFactory, cfg: WorkloadConfig, seed: int) -> list[Step]:
     return steps
 
 
+def edit(pf: PromptFactory, cfg: WorkloadConfig, seed: int) -> list[Step]:
+    source, names = pf.code(f"edit:{seed}", max(256, 2 * cfg.max_tokens))
+    old = names[0]
+    ask = (f"Here is a Python module:\n\n```python\n{source}\n```\n\nReturn the whole module unchanged except "
+           f"that the function `{old}` is renamed to `{old}_v2`. Reply with the code only.")
+    return [Step("edit", [_body([{"role": "user", "content": ask}], cfg.max_tokens)])]
+
+
 def restart(pf: PromptFactory, cfg: WorkloadConfig, seed: int) -> list[Step]:
     text = pf.text(f"restart:{seed}", cfg.prompt_tokens)
     body = _body([{"role": "user", "content": text + QUESTION}], cfg.reply_tokens)
     return [Step("cold", [body]), Step("after_restart", [body], restart_before=True)]
 
 
-BUILDERS = {"decode": decode, "concurrency": concurrency, "cache": cache, "agent": agent, "restart": restart}
+BUILDERS = {"decode": decode, "concurrency": concurrency, "cache": cache, "agent": agent, "edit": edit,
+            "restart": restart}
 
 
 def build(scenario: str, pf: PromptFactory, cfg: WorkloadConfig, repeat: int) -> list[Step]:

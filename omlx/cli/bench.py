@@ -27,7 +27,7 @@ def bench(
     compare_api_key: Annotated[Optional[str], typer.Option(help="API key of the --compare server (default: --api-key).")] = None,
     repeat: Annotated[int, typer.Option(min=1, help="Runs of every step; figures are median, min and max over them.")] = 3,
     seed: Annotated[int, typer.Option(help="Seed of every prompt (same seed, same prompts).")] = 0,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens of decode and concurrency streams.")] = 128,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Output tokens of decode, concurrency and edit streams.")] = 128,
     reply_tokens: Annotated[int, typer.Option(min=1, help="Output tokens of cache, agent and restart requests.")] = 16,
     prompt_tokens: Annotated[int, typer.Option(min=16, help="Tokens of the long prompt (cache, restart) and the agent's system prompt.")] = 2048,
     concurrency: Annotated[str, typer.Option(help="Stream counts of the concurrency scenario, comma-separated.")] = "1,2,4,8,16",

@@ -107,6 +107,10 @@ class _Running:
     # retry) and the runner's progress count of that insert: `request.num_prefilled_tokens`.
     num_prompt_to_prefill: int = 0
     num_insert_prefilled: int = 0
+    # Prompt-lookup speculation: draft tokens checked, accepted, and whether it was switched off.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    speculation_off: bool = False
 
 
 def _guard_processor(rid: str, proc: Any, faults: dict[str, Exception]) -> Any:
@@ -672,6 +676,10 @@ class Engine:
             if not st.processors and st.grammar is None and self.prefix_cache is not None:
                 st.first_logprobs = r.logprobs
             self._observe_prefill(st, now)
+        if r.draft is not None:
+            st.num_draft_tokens += r.draft[0]
+            st.num_accepted_draft_tokens += r.draft[1]
+            st.speculation_off = st.speculation_off or r.draft[2]
         is_eos = r.finish_reason == "stop"
         if not is_eos:
             if self.fault_plan is not None and st.num_generated == 0 and self.fault_plan.hits("detokenize", st.request.sampling.seed):
@@ -840,5 +848,8 @@ class Engine:
             num_cached_tokens_cold=st.num_cached_tokens_cold,
             ttft_s=(st.first_token_s - st.request.arrival_s) if st.first_token_s else None,
             total_s=now - st.request.arrival_s,
+            num_draft_tokens=st.num_draft_tokens,
+            num_accepted_draft_tokens=st.num_accepted_draft_tokens,
+            speculation_off=st.speculation_off,
         )
         st.sink(Finished(reason, usage, st.output.matched_stop))

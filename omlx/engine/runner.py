@@ -84,14 +84,19 @@ class TokenResponse:
         prompt_cache: on finish, the sequence's caches (one batch-1 ``KVCache`` per layer)
             holding KV for ``all_tokens``; else None.
         all_tokens: on finish, every token whose KV is in ``prompt_cache``.
+        draft: on the first token of a verify step (prompt lookup), ``(drafted, accepted,
+            switched_off)``: draft tokens checked in that step, how many of them matched (they
+            follow this token in the same step), and whether speculation was switched off for
+            the sequence after it for low acceptance; else None.
     """
 
-    __slots__ = ("uid", "token", "finish_reason", "prompt_cache", "all_tokens", "_lp", "_row")
+    __slots__ = ("uid", "token", "finish_reason", "prompt_cache", "all_tokens", "draft", "_lp", "_row")
 
     def __init__(self, uid: int, token: int, lp: mx.array, row: int, finish_reason: str | None = None,
                  prompt_cache: list[Any] | None = None, all_tokens: list[int] | None = None):
         self.uid, self.token, self._lp, self._row = uid, token, lp, row
         self.finish_reason, self.prompt_cache, self.all_tokens = finish_reason, prompt_cache, all_tokens
+        self.draft: tuple[int, int, bool] | None = None
 
     @property
     def logprobs(self) -> mx.array:
@@ -556,6 +561,8 @@ class BatchRunner:
             reason = self._advance(s, t)
             r = TokenResponse(s.uid, t, arr, row, reason)
             out.append(r)
+            if i == 0:
+                r.draft = (len(draft), a, s.spec_off)
             if reason is not None:
                 self._trim(len(emitted) - i - 1)  # the KV past the finishing token
                 r.prompt_cache, r.all_tokens = self._extract(0), list(s.tokens)

@@ -32,7 +32,7 @@ def bench(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
 def test_every_scenario_gives_every_figure(servers, tmp_path):
     a, _ = servers
     out = tmp_path / "bench.json"
-    p = bench("decode", "concurrency", "cache", "agent", "restart", "--base-url", a.url, "--repeat", "2",
+    p = bench("decode", "concurrency", "cache", "agent", "edit", "restart", "--base-url", a.url, "--repeat", "2",
               "--json", str(out), *TINY)
     assert p.returncode == 0, p.stderr
     assert p.stdout == ""  # the JSON went to the file; the table to stderr
@@ -43,8 +43,8 @@ def test_every_scenario_gives_every_figure(servers, tmp_path):
     steps = {sc: list(v) for sc, v in r["scenarios"].items()}
     assert steps == {"decode": ["decode"], "concurrency": ["c1", "c2"],
                      "cache": ["cold", "identical", "suffix", "middle_edit"], "agent": ["turn-1", "turn-2-edit"],
-                     "restart": ["cold", "after_restart"]}
-    for sc in ("decode", "concurrency", "cache", "agent"):
+                     "edit": ["edit"], "restart": ["cold", "after_restart"]}
+    for sc in ("decode", "concurrency", "cache", "agent", "edit"):
         for step, entry in r["scenarios"][sc].items():
             figs = entry["base"]["figures"]
             assert set(figs) == set(r["figures"])

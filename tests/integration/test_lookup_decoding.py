@@ -3,7 +3,10 @@
 
 The `edit` scenario (a function in the prompt, returned with one rename) repeats its input, so
 verify steps run and accept drafts (benchmarks/bench_lookup.py: 67% accepted on this prompt);
-greedy text, streamed and not, and the completion token count equal the plain server's.
+greedy text, streamed and not, its logprobs, a stop string that ends the text inside an
+accepted draft, and the completion token count equal the plain server's; the drafts show in
+`usage.completion_tokens_details` (OpenAI's accepted/rejected prediction tokens), `/metrics`
+and `/v1/admin/recent`, and nowhere on the plain server.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import inspect
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -25,13 +29,21 @@ def servers(tmp_path_factory):
         yield on, off
 
 
-def _ask(server: ServerProcess, stream: bool) -> tuple[str, int | None]:
+def _messages() -> list[dict]:
     import omlx.engine.lookup as source
 
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
     code = inspect.getsource(source.PromptLookup._extend)
-    msgs = [{"role": "user", "content": "Here is a Python function:\n\n```python\n" + code + "```\n\nReturn it "
+    return [{"role": "user", "content": "Here is a Python function:\n\n```python\n" + code + "```\n\nReturn it "
              "unchanged except that `table` is renamed to `grams`. Reply with the code only."}]
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+
+def _ask(server: ServerProcess, stream: bool) -> tuple[str, int | None]:
+    client = _client(server)
+    msgs = _messages()
     if stream:
         parts = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=msgs, max_tokens=48,
                                                temperature=0, stream=True)
@@ -57,3 +69,51 @@ def test_drafting_on_gives_the_plain_servers_greedy_text(servers):
     if mx.default_device().type == mx.DeviceType.cpu:
         assert "drafting makes decode slower on a CPU device" in " ".join(on.log().split()), on.log()
     assert "grams" in text_on or "table" in text_on  # it is copying the function, the case drafts serve
+
+
+def _drafts(server: ServerProcess) -> float:
+    """omlx_draft_tokens_total of the test model on ``server``'s /metrics (0 when absent)."""
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    rows = [ln for ln in text.splitlines() if ln.startswith("omlx_draft_tokens_total{")]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in rows)
+
+
+def test_drafts_are_counted_in_usage_metrics_and_recent_requests(servers):
+    on, off = servers
+    before = _drafts(on)
+    r = _client(on).chat.completions.create(model="SmolLM2-135M-Instruct", messages=_messages(), max_tokens=48,
+                                            temperature=0)
+    d = r.usage.completion_tokens_details
+    assert d is not None and d.accepted_prediction_tokens > 0, r.usage
+    assert d.rejected_prediction_tokens >= 0
+    assert _drafts(on) - before == d.accepted_prediction_tokens + d.rejected_prediction_tokens
+    row = httpx.get(on.url + "/v1/admin/recent?limit=1", timeout=30).json()["requests"][0]
+    assert row["num_accepted_draft_tokens"] == d.accepted_prediction_tokens
+    assert row["num_draft_tokens"] == d.accepted_prediction_tokens + d.rejected_prediction_tokens
+    plain = _client(off).chat.completions.create(model="SmolLM2-135M-Instruct", messages=_messages(), max_tokens=8,
+                                                 temperature=0)
+    assert plain.usage.completion_tokens_details is None and _drafts(off) == 0
+
+
+def test_logprobs_and_a_stop_string_inside_a_draft_equal_the_plain_server(servers):
+    on, off = servers
+    kw = dict(model="SmolLM2-135M-Instruct", messages=_messages(), max_tokens=40, temperature=0, logprobs=True,
+              top_logprobs=2)
+    a = _client(on).chat.completions.create(**kw).choices[0]
+    b = _client(off).chat.completions.create(**kw).choices[0]
+    assert [t.token for t in a.logprobs.content] == [t.token for t in b.logprobs.content]
+    for x, y in zip(a.logprobs.content, b.logprobs.content):
+        # A verify step scores several positions in one wider matmul: the same values up to float32 rounding.
+        assert x.logprob == pytest.approx(y.logprob, abs=1e-3), (x, y)
+        assert [t.token for t in x.top_logprobs] == [t.token for t in y.top_logprobs]
+    # A stop string from late in the plain text: on the drafting server (two thirds of its drafts
+    # accepted on this prompt) it most likely arrives among a verify step's accepted tokens, which
+    # follow it in the same step and must not reach the text.
+    text = b.message.content
+    stop = text[len(text) * 3 // 4:][:6]
+    assert stop.strip(), text
+    kw = dict(model="SmolLM2-135M-Instruct", messages=_messages(), max_tokens=40, temperature=0, stop=[stop])
+    sa = _client(on).chat.completions.create(**kw).choices[0]
+    sb = _client(off).chat.completions.create(**kw).choices[0]
+    assert (sa.message.content, sa.finish_reason) == (sb.message.content, sb.finish_reason)
+    assert sb.finish_reason == "stop" and stop not in sb.message.content

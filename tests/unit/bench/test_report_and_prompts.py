@@ -64,6 +64,13 @@ def test_workload_shapes():
     assert sizes == [2, 4, 6, 8] and all(s.bodies[0]["tools"] for s in agent)
     assert agent[2].bodies[0]["messages"][3]["content"] == "[output elided to save context]"
     assert agent[1].bodies[0]["messages"][3]["content"] != "[output elided to save context]"
+    (edit,) = build("edit", pf, WorkloadConfig(max_tokens=150), 0)
+    ask = edit.bodies[0]["messages"][0]["content"]
+    source = ask.split("```python\n")[1].split("\n```")[0]
+    compile(source, "edit", "exec")  # real Python, so a model can copy it back
+    assert 250 <= EstimateCounter().count(source) <= 300 and edit.bodies[0]["max_tokens"] == 150
+    assert "`" + source.split("def ")[1].split("(")[0] + "` is renamed" in ask
+    assert ask != build("edit", pf, WorkloadConfig(max_tokens=150), 1)[0].bodies[0]["messages"][0]["content"]
     restart = build("restart", pf, cfg, 0)
     assert [s.restart_before for s in restart] == [False, True]
     with pytest.raises(ValueError, match="unknown scenario"):

@@ -124,9 +124,14 @@ def test_the_engine_with_drafting_on_gives_generate_step_tokens_and_caches_decod
         assert out == reference(model, p, 100, eos)
         assert _usage(first).num_completion_tokens == len(out)
         assert eng._gen.num_accepted_tokens > 0
+        # The request's usage carries its verify steps' counts (the runner's all-time ones: it ran alone).
+        u = _usage(first)
+        assert (u.num_draft_tokens, u.num_accepted_draft_tokens) == (
+            eng._gen.num_drafted_tokens, eng._gen.num_accepted_tokens)
         nxt = p + out + _loop_prompt(10, seed=9)
         second = _run_all(eng, [Request("tiny", nxt, SamplingParams(max_tokens=20, temperature=0.0))])[0]
         assert _tokens(second) == reference(model, nxt, 20, eos)
         assert _usage(second).num_cached_tokens == len(p) + len(out)  # the whole first turn, KV exact
+        assert _usage(second).num_draft_tokens == eng._gen.num_drafted_tokens - u.num_draft_tokens
     finally:
         eng.stop()
