@@ -7,9 +7,10 @@ temporary base path, measured chunk sizes), then under cProfile on the engine th
    stream's inter-token gaps while the other prefills).
 With ``--turns N`` instead: an agent-like trace, a ``--prompt-tokens`` prompt and then N - 1
 turns that each append ``--turn-tokens`` new tokens to the last prompt (prefix hits on every
-turn after the first), TTFT per turn.
+turn after the first), TTFT per turn. With ``--streams N``: N 64-token prompts sent at once, 256
+tokens each, three times: aggregate tok/s per wave (as bench_gpu.py's 8-stream figure, in-process).
 Prints TTFTs, gap statistics and the engine thread's top functions by own time.
-Usage: python benchmarks/diag_engine_cache.py --model DIR [--no-ssd] [--no-cache] [--turns N]
+Usage: python benchmarks/diag_engine_cache.py --model DIR [--no-ssd] [--no-cache] [--turns N | --streams N]
 A diagnostic, not a benchmark of record.
 """
 
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--turns", type=int, default=0, help="run the growing-prompt trace instead")
     ap.add_argument("--turn-tokens", type=int, default=345)
+    ap.add_argument("--streams", type=int, default=0, help="run N concurrent 256-token streams instead")
     a = ap.parse_args()
 
     from omlx.config import ModelSettings, load_config
@@ -74,6 +76,20 @@ def main() -> None:
                 done.set()
         eng.submit(req, sink)
         return done
+
+    if a.streams:
+        for wave in range(3):
+            ts = [[] for _ in range(a.streams)]
+            t0 = time.perf_counter()
+            evs = [run(Request("diag", prompt(64), SamplingParams(max_tokens=256, temperature=0.0)), t) for t in ts]
+            for e in evs:
+                e.wait(300)
+            wall = max(t[-1] for t in ts) - t0
+            print(f"wave {wave + 1}: {a.streams} streams, {sum(map(len, ts))} deltas, {wall:.2f} s, "
+                  f"{256 * a.streams / wall:.0f} tok/s aggregate", flush=True)
+            time.sleep(0.5)
+        report(eng, prof)
+        return
 
     if a.turns:
         ids = prompt(a.prompt_tokens)
