@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=0, help="run the growing-prompt trace instead")
     ap.add_argument("--turn-tokens", type=int, default=345)
     ap.add_argument("--streams", type=int, default=0, help="run N concurrent 256-token streams instead")
+    ap.add_argument("--waves", type=int, default=3, help="with --streams: how many waves")
+    ap.add_argument("--no-profile", action="store_true", help="no cProfile (it slows the step loop)")
     a = ap.parse_args()
 
     from omlx.config import ModelSettings, load_config
@@ -58,7 +60,8 @@ def main() -> None:
         finally:
             prof.disable()
 
-    Engine._loop = loop
+    if not a.no_profile:
+        Engine._loop = loop
     entry = load_chat_model("diag", Path(a.model), ModelSettings(), cfg, warmup=True)
     eng = entry.engine
     rng = random.Random(0)
@@ -78,15 +81,21 @@ def main() -> None:
         return done
 
     if a.streams:
-        for wave in range(3):
+        for wave in range(a.waves):
             ts = [[] for _ in range(a.streams)]
             t0 = time.perf_counter()
             evs = [run(Request("diag", prompt(64), SamplingParams(max_tokens=256, temperature=0.0)), t) for t in ts]
             for e in evs:
                 e.wait(300)
             wall = max(t[-1] for t in ts) - t0
+            first = max(t[0] for t in ts) - t0
+            gaps = sorted(b - x for t in ts for x, b in zip(t, t[1:]))
+            cold = getattr(eng.prefix_cache, "cold_stats", lambda: None)() if eng.prefix_cache else None
             print(f"wave {wave + 1}: {a.streams} streams, {sum(map(len, ts))} deltas, {wall:.2f} s, "
-                  f"{256 * a.streams / wall:.0f} tok/s aggregate", flush=True)
+                  f"{256 * a.streams / wall:.0f} tok/s aggregate; last first token {1e3 * first:.0f} ms, "
+                  f"max gap {1e3 * gaps[-1]:.0f} ms, gaps > 50 ms: {sum(g > 0.05 for g in gaps)}; "
+                  f"SSD {cold and {k: cold[k] for k in cold if k in ('num_files', 'num_queued', 'num_writes', 'num_queue_drops')}}",
+                  flush=True)
             time.sleep(0.5)
         report(eng, prof)
         return
