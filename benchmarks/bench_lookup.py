@@ -19,12 +19,17 @@ import argparse
 import inspect
 import json
 import platform
+import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
 
-from omlx.engine.runner import BatchRunner
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import ensure_model_dir  # noqa: E402
+from omlx.engine.runner import BatchRunner  # noqa: E402
 
 
 def edit_prompt(tokenizer) -> list[int]:
@@ -87,11 +92,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    path = a.model
-    if path is None:
-        from tests.helpers import default_model_dir
-
-        path = str(default_model_dir())
+    path = str(ensure_model_dir(Path(a.model) if a.model else None))
     model, tok = load(path)
     names = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
     run(model, SCENARIOS[names[0]](tok), tok.eos_token_ids, 0, 8)  # warm-up

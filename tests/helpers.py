@@ -215,3 +215,24 @@ class BatchedFake:
     async def batches(self, *, keepalive=True):
         for b in self._batches:
             yield b
+
+
+def metric_samples(server: "ServerProcess", headers: dict[str, str] | None = None
+                   ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``server``'s ``GET /metrics`` as {(name, sorted labels): value}, read with
+    prometheus-client's own text-format parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(server.url + "/metrics", headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for smp in fam.samples:
+            out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+    return out
+
+
+def metric_value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """One sample of `metric_samples` (0.0 when absent)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)

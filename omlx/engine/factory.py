@@ -121,7 +121,7 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     if config.lookup_draft_tokens:
         logger.info("%s: prompt-lookup drafting on (experimental): up to %d tokens per verify step for a greedy "
                     "request decoding alone", model_id, config.lookup_draft_tokens)
-        if mx.default_device().type == mx.DeviceType.cpu:
+        if mx.default_device() == mx.cpu:
             logger.warning("%s: prompt-lookup drafting makes decode slower on a CPU device (an MLX CPU forward "
                            "costs about linearly in its query length; 0.77x measured, benchmarks/bench_lookup.py)",
                            model_id)
@@ -155,8 +155,6 @@ def model_cache_spec(loaded: LoadedModel, config: ServerConfig):
         ModelImportError: ``--kv-bits`` is set and the model cannot run on a quantized KV cache
             (no layout known, or its attention refuses one, e.g. attention sinks).
     """
-    import mlx.core as mx
-
     from omlx.engine.cache_spec import UnsupportedCacheError, spec_of_model
     from omlx.errors import ModelImportError
 

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import ServerProcess, running
+from tests.helpers import ServerProcess, metric_samples, metric_value, running
 
 
 @pytest.fixture(scope="module")
@@ -66,16 +66,14 @@ def test_drafting_on_gives_the_plain_servers_greedy_text(servers):
     assert "prompt-lookup drafting on" not in " ".join(off.log().split())
     import mlx.core as mx  # on a CPU device (CI) the slower decode is announced, never silent
 
-    if mx.default_device().type == mx.DeviceType.cpu:
+    if mx.default_device() == mx.cpu:
         assert "drafting makes decode slower on a CPU device" in " ".join(on.log().split()), on.log()
     assert "grams" in text_on or "table" in text_on  # it is copying the function, the case drafts serve
 
 
 def _drafts(server: ServerProcess) -> float:
     """omlx_draft_tokens_total of the test model on ``server``'s /metrics (0 when absent)."""
-    text = httpx.get(server.url + "/metrics", timeout=30).text
-    rows = [ln for ln in text.splitlines() if ln.startswith("omlx_draft_tokens_total{")]
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in rows)
+    return metric_value(metric_samples(server), "omlx_draft_tokens_total", model="SmolLM2-135M-Instruct")
 
 
 def test_drafts_are_counted_in_usage_metrics_and_recent_requests(servers):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import MODEL_ID, ServerProcess
+from tests.helpers import MODEL_ID, ServerProcess, metric_samples, metric_value as value
 
 KEY = "metrics-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -21,19 +20,7 @@ def server():
 
 
 def scrape(s: ServerProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample as {(name, sorted labels): value}."""
-    r = httpx.get(s.url + "/metrics", headers=AUTH, timeout=30)
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain")
-    out = {}
-    for fam in text_string_to_metric_families(r.text):
-        for smp in fam.samples:
-            out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
-    return out
-
-
-def value(samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+    return metric_samples(s, AUTH)
 
 
 def test_metrics_need_the_api_key(server):
