@@ -65,13 +65,49 @@ def browser():
 
 
 def wait_for(fn, timeout_s: float = 60.0, what: str = "condition"):
+    """Poll ``fn`` until it returns something truthy. The page re-renders its tables on every
+    poll, so an element found a moment ago may be gone: a stale element counts as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        v = fn()
+        try:
+            v = fn()
+        except StaleElementReferenceException:
+            v = None
         if v:
             return v
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+# One table row read in one script call, so a re-render between reads cannot split it.
+_ROW_JS = """
+const tr = document.querySelector(arguments[0]);
+if (!tr) return null;
+const bar = tr.querySelector('.bar > div');
+return {text: tr.innerText, cells: Array.from(tr.querySelectorAll('td')).map(td => td.innerText.trim()),
+        bar: bar ? bar.getAttribute('style') : null};
+"""
+
+
+def row_now(browser, css: str) -> dict | None:
+    """The first row matching ``css`` as ``{"text", "cells", "bar"}`` (``bar`` the style of its
+    progress bar's fill, or None), or None when no row matches."""
+    return browser.execute_script(_ROW_JS, css)
+
+
+def click(browser, css: str, what: str) -> None:
+    """Click the element matching ``css``, finding it again if a re-render replaced it."""
+    from selenium.webdriver.common.by import By
+
+    def attempt():
+        found = browser.find_elements(By.CSS_SELECTOR, css)
+        if found:
+            found[0].click()
+            return True
+        return False
+    wait_for(attempt, what=what)
 
 
 def model_state(server: ServerProcess) -> str:
@@ -86,15 +122,13 @@ def test_page_shows_models_cache_and_kernels_and_buttons_work(server, browser):
     wait_for(lambda: int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-polls") or 0) >= 2,
              what="two dashboard polls")
     assert "key=" not in browser.current_url  # the key left the address bar for sessionStorage
-    row = browser.find_element(By.CSS_SELECTOR, f'#models tr[data-model="{MODEL_ID}"]')
-    assert "loaded" in row.text
-    hot = browser.find_element(By.CSS_SELECTOR, f'#cache tr[data-model="{MODEL_ID}"][data-tier="hot"]')
-    cells = [td.text for td in hot.find_elements(By.TAG_NAME, "td")]
+    assert "loaded" in row_now(browser, f'#models tr[data-model="{MODEL_ID}"]')["text"]
+    cells = row_now(browser, f'#cache tr[data-model="{MODEL_ID}"][data-tier="hot"]')["cells"]
     assert cells[2].endswith("%") and cells[2] != "0.0 %", cells  # the second request hit
     assert int(cells[3]) > 0
     assert len(browser.find_elements(By.CSS_SELECTOR, "#recent tbody tr")) >= 2
     heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#recent thead th")]
-    first = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#recent tbody tr")[0].find_elements(By.TAG_NAME, "td")]
+    first = row_now(browser, "#recent tbody tr")["cells"]
     # the newest request (a whole-prompt hit) ran none of its prompt through the model
     assert first[heads.index("prefilled")] == "0", (heads, first)
     assert "BLAS:" in browser.find_element(By.ID, "blas").text
@@ -103,11 +137,9 @@ def test_page_shows_models_cache_and_kernels_and_buttons_work(server, browser):
     (REPO / "artifacts").mkdir(exist_ok=True)
     browser.save_screenshot(str(REPO / "artifacts" / "dashboard.png"))
 
-    row.find_element(By.CSS_SELECTOR, "button.unload").click()
+    click(browser, f'#models tr[data-model="{MODEL_ID}"] button.unload', what="the unload button")
     wait_for(lambda: model_state(server) != "loaded", what="the model to unload")
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'#models tr[data-model="{MODEL_ID}"] button.load'),
-             what="the load button")
-    browser.find_element(By.CSS_SELECTOR, f'#models tr[data-model="{MODEL_ID}"] button.load').click()
+    click(browser, f'#models tr[data-model="{MODEL_ID}"] button.load', what="the load button")
     wait_for(lambda: model_state(server) == "loaded", timeout_s=300, what="the model to load again")
 
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
@@ -133,17 +165,16 @@ def test_the_pull_field_fetches_a_repo_with_a_progress_bar_and_lists_it(server, 
         browser.find_element(By.ID, "pull-button").click()
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#pulls tr[data-state=running], #pulls tr[data-state=done]"),
                  what="the pull's row")
-        done = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#pulls tr[data-state=done]"), timeout_s=120,
+        done = wait_for(lambda: row_now(browser, "#pulls tr[data-state=done]"), timeout_s=120,
                         what="the pull to finish")
     finally:
         hub.slow_file.clear()
     assert browser.find_element(By.ID, "pull-error").text == ""
-    fill = done[0].find_element(By.CSS_SELECTOR, ".bar > div")
-    assert fill.get_attribute("style").replace(" ", "") == "width:100%;", fill.get_attribute("style")
-    assert " MiB / " in done[0].text
-    row = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'#catalogue tr[data-model="{HUB_REPO}"]'),
+    assert (done["bar"] or "").replace(" ", "") == "width:100%;", done
+    assert " MiB / " in done["text"]
+    row = wait_for(lambda: row_now(browser, f'#catalogue tr[data-model="{HUB_REPO}"]'),
                    what="the pulled model in the catalogue")
-    assert "hub cache" in row[0].text and "4-bit, group 64" in row[0].text
+    assert "hub cache" in row["text"] and "4-bit, group 64" in row["text"]
     (REPO / "artifacts").mkdir(exist_ok=True)
     browser.save_screenshot(str(REPO / "artifacts" / "dashboard-pull.png"))
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
