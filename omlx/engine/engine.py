@@ -287,18 +287,41 @@ class Engine:
         Raises:
             EngineError: no final event within ``timeout_s``.
         """
-        events: list[GenerationEvent] = []
+        return self.run_all([request], timeout_s)[0]
+
+    def run_all(self, requests: list[Request], timeout_s: float = 600.0) -> list[list[GenerationEvent]]:
+        """Submit ``requests`` at once and wait for all of them (from a non-engine thread).
+
+        Returns:
+            Per request, in order, every event of it, the last being Finished or Failed.
+
+        Raises:
+            EngineError: some request had no final event within ``timeout_s`` (all that had
+                not finished are aborted).
+        """
+        events: list[list[GenerationEvent]] = [[] for _ in requests]
+        left = [len(requests)]
         done = threading.Event()
+        lock = threading.Lock()
 
-        def sink(ev: GenerationEvent) -> None:
-            events.append(ev)
-            if isinstance(ev, (Finished, Failed)):
-                done.set()
+        def sink_of(i: int) -> Sink:
+            def sink(ev: GenerationEvent) -> None:
+                events[i].append(ev)
+                if isinstance(ev, (Finished, Failed)):
+                    with lock:
+                        left[0] -= 1
+                        if not left[0]:
+                            done.set()
+            return sink
 
-        self.submit(request, sink)
-        if not done.wait(timeout_s):
-            self.abort(request.request_id)
-            raise EngineError(f"request {request.request_id} did not finish within {timeout_s:.0f} s")
+        for i, r in enumerate(requests):
+            self.submit(r, sink_of(i))
+        if requests and not done.wait(timeout_s):
+            late = [r.request_id for r, evs in zip(requests, events)
+                    if not evs or not isinstance(evs[-1], (Finished, Failed))]
+            for rid in late:
+                self.abort(rid)
+            raise EngineError(f"requests {', '.join(late)} did not finish within {timeout_s:.0f} s")
         return events
 
     def num_active(self) -> int:
@@ -527,8 +550,10 @@ class Engine:
             self._ready.append((req, sink))
         # A request's prefix lookup waits until the runner has no other prefill: one that
         # shares a prefix with the request ahead of it then hits the blocks just computed
-        # (8 agents started at once on one system prompt prefill it once).
-        while self._ready and self._gen is not None and self._gen.num_prefilling == 0:
+        # (8 agents started at once on one system prompt prefill it once). Short prompts that
+        # share no block with those prefilling join them in one batched prefill instead.
+        while self._ready and self._gen is not None and (self._gen.num_prefilling == 0
+                                                        or self._joins_prefill_batch(self._ready[0][0])):
             flush = getattr(self._gen, "flush_reports", None)
             if flush is not None:
                 flush()
@@ -541,6 +566,21 @@ class Engine:
                 # A lost pipeline (cluster mode) stays a 503 cluster_unavailable, not a 500.
                 err = e if isinstance(e, ClusterUnavailableError) else EngineError(f"could not start generation: {e}")
                 sink(Failed(err))
+
+    def _joins_prefill_batch(self, req: Request) -> bool:
+        """Whether ``req`` may be inserted while other prompts prefill: the runner can prefill
+        it in one forward pass with them (`BatchRunner.prefill_batch_room`), and its first
+        block differs from each of theirs, so it could not hit a block they are computing
+        (blocks are chained from the first, so a prompt whose first block differs shares
+        none)."""
+        room = getattr(self._gen, "prefill_batch_room", None)
+        ids = req.prompt_token_ids
+        if room is None or not room(len(ids)):
+            return False
+        head = ids[: self.block_size]
+        return not any(st.first_token_s is None and st.uid >= 0
+                       and st.request.prompt_token_ids[: self.block_size] == head
+                       for st in self._by_rid.values())
 
     def _take_ready(self, request_id: str) -> tuple[Request, Sink] | None:
         for i, (req, sink) in enumerate(self._ready):

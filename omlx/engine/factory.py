@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
@@ -19,6 +20,9 @@ from omlx.config import ModelSettings, ServerConfig
 from omlx.engine.encoder import EncoderEngine, LoadedEncoder
 from omlx.engine.engine import Engine
 from omlx.engine.loader import LoadedModel
+
+if TYPE_CHECKING:
+    from omlx.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +141,37 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
         t0 = time.monotonic()
         msgs = [{"role": "user", "content": "Warm-up: say hello in one short sentence, please."}]
         ids = render_prompt(loaded.tokenizer, msgs).token_ids
-        evs = engine.run_sync(Request(model_id, ids, SamplingParams(max_tokens=4, temperature=0.0)), 300)
-        if isinstance(evs[-1], Failed):
-            engine.stop()
-            raise evs[-1].error
+        reqs = [Request(model_id, ids, SamplingParams(max_tokens=4, temperature=0.0))]
+        if mx.default_device() != mx.cpu:
+            reqs += warmup_batch(model_id, ids, min(config.max_concurrent_requests, 8))
+        for evs in engine.run_all(reqs, 300):
+            if isinstance(evs[-1], Failed):
+                engine.stop()
+                raise evs[-1].error
         if prefix_cache is not None:
             prefix_cache.clear()
-        logger.info("warmed up %s in %.2f s", model_id, time.monotonic() - t0)
+        logger.info("warmed up %s in %.2f s (%d requests%s)", model_id, time.monotonic() - t0, len(reqs),
+                    ", batched: the first start on a machine compiles its GPU kernels" if len(reqs) > 1 else "")
     return entry
+
+
+def warmup_batch(model_id: str, ids: list[int], n: int) -> list[Request]:
+    """``n`` greedy requests of different prompt lengths and output lengths, run together at
+    load on a GPU.
+
+    A single warm-up request leaves the batch path's kernels unbuilt (the gathers and copies of
+    merging rows into a decode batch and dropping finished ones); MLX CUDA compiles each on
+    first use, on the engine thread, which stalled the first 8 streams a fresh H200 served for
+    ~3 s (``benchmarks/diag_engine_cache.py --streams 8`` with an empty ``MLX_PTX_CACHE_DIR``:
+    172 tok/s in the first wave, 701 in the second). The compiled kernels are kept on disk, so
+    later starts on the machine pay little for this.
+    """
+    from omlx.request import Request, SamplingParams
+
+    if n < 2:
+        return []
+    return [Request(model_id, ids[: max(1, len(ids) - i)], SamplingParams(max_tokens=2 + i, temperature=0.0))
+            for i in range(n)]
 
 
 def model_cache_spec(loaded: LoadedModel, config: ServerConfig):

@@ -5,7 +5,10 @@ the sequences' KV caches (mlx-lm's cache classes) and turns a call of `next()` i
 batched decode step plus at most one prefill chunk:
 
 - **Prefill** runs one sequence at a time (FIFO) in chunks into that sequence's own batch-1
-  caches (``make_prompt_cache``). The last chunk includes the prompt's last token, so its
+  caches (``make_prompt_cache``), except that fresh short prompts queued together (no cached
+  prefix, every layer a plain ``KVCache``, each whole prompt within one chunk) are prefilled
+  in one left-padded forward pass over ``BatchKVCache`` (as mlx-lm's ``BatchGenerator``
+  prefills), which joins the decode batch as it is. The last chunk includes the prompt's last token, so its
   logits give the first output token directly, as ``mlx_lm.generate_step`` does. Chunks end at
   absolute multiples of the chunk size (itself a multiple of the KV block size; a first piece
   under half a chunk, after a prefix hit, joins the next chunk), so a prompt prefilled after a
@@ -117,7 +120,6 @@ class _Seq:
     context: TokenBuffer | None = None  # tokens seen by the processors
     grammar: GrammarMatcher | None = None  # constrained decoding (structured outputs)
     num_generated: int = 0
-    first: tuple[mx.array, mx.array] | None = None  # (token (1,), logprobs (1, V))
     # Speculative decoding (prompt lookup), only while the sequence decodes alone:
     lookup: PromptLookup | None = None
     spec_off: bool = False  # not eligible, or switched off for low acceptance
@@ -126,6 +128,19 @@ class _Seq:
     num_spec_steps: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Joining:
+    """Sequences whose prefill finished, waiting to join the decode batch at the next step:
+    one sequence with its batch-1 caches, or a batch prefilled together (``BatchKVCache``
+    layers, rows in ``seqs`` order)."""
+
+    seqs: list[_Seq]
+    cache: list[Any]
+    y: mx.array  # (n,) first tokens
+    lp: mx.array  # (n, V) their log-probabilities
+    batched: bool
 
 
 def _sample(seqs: Sequence[_Seq], logits: mx.array, inputs: mx.array | None,
@@ -216,7 +231,7 @@ class BatchRunner:
         self._default_stops = StopSequences(list(stop_tokens) or None)
         self._next_uid = 0
         self._prefill: deque[_Seq] = deque()
-        self._joining: list[_Seq] = []
+        self._joining: list[_Joining] = []
         self._rows: list[_Seq] = []  # the decode batch, in row order
         self._cache: list[Any] = []  # its caches: the one row's own, or merged (BatchKVCache...)
         self._merged = False  # self._cache holds batched caches (two or more rows)
@@ -238,7 +253,20 @@ class BatchRunner:
         return len(self._prefill)
 
     def __len__(self) -> int:
-        return len(self._prefill) + len(self._joining) + len(self._rows)
+        return len(self._prefill) + sum(len(j.seqs) for j in self._joining) + len(self._rows)
+
+    def prefill_batch_room(self, num_tokens: int) -> bool:
+        """Whether a fresh prompt of ``num_tokens`` inserted now could be prefilled in one
+        forward pass together with every sequence prefilling now (see `_prefill_group`); an
+        engine uses it to admit several short prompts in one step. False with none prefilling
+        (nothing to batch with) or any of them not batchable."""
+        if not self._prefill or self.hold_last_token:
+            return False
+        if not all(self._batchable(s) for s in self._prefill):
+            return False
+        step = self._chunk_size()
+        longest = max(num_tokens, *(len(s.pending) for s in self._prefill))
+        return (len(self._prefill) + 1) * longest <= step
 
     def insert_segments(
         self,
@@ -312,10 +340,22 @@ class BatchRunner:
             self._prefill.remove(s)
             if return_prompt_caches and s.tokens:
                 out[s.uid] = (s.cache, list(s.tokens))
-        for s in [s for s in self._joining if s.uid in want]:
-            self._joining.remove(s)
-            if return_prompt_caches:
-                out[s.uid] = (s.cache, list(s.tokens))
+        for j in list(self._joining):
+            rows = [i for i, s in enumerate(j.seqs) if s.uid in want]
+            if not rows:
+                continue
+            for i in rows:
+                if return_prompt_caches:
+                    out[j.seqs[i].uid] = (([c.extract(i) for c in j.cache] if j.batched else j.cache),
+                                          list(j.seqs[i].tokens))
+            keep = [i for i in range(len(j.seqs)) if i not in rows]
+            if not keep:
+                self._joining.remove(j)
+                continue
+            idx = mx.array(keep)
+            j.seqs, j.y, j.lp = [j.seqs[i] for i in keep], j.y[idx], j.lp[idx]
+            for c in j.cache:
+                c.filter(keep)
         rows = [i for i, s in enumerate(self._rows) if s.uid in want]
         if rows:
             if return_prompt_caches:
@@ -390,10 +430,64 @@ class BatchRunner:
 
     # ---- prefill -------------------------------------------------------------------------
 
+    def _chunk_size(self) -> int:
+        return self.mixed_step_size if (self._rows or self._joining) else self.prefill_step_size
+
+    @staticmethod
+    def _batchable(s: _Seq) -> bool:
+        """A fresh sequence (no cached prefix) over plain ``KVCache`` layers only."""
+        return not s.tokens and all(type(c) is KVCache for c in s.cache)
+
+    def _prefill_group(self, step: int) -> list[_Seq]:
+        """The head of the prefill queue and the batchable sequences right behind it whose
+        whole prompts fit one left-padded forward pass of at most ``step`` tokens (padding
+        counted); a group of one is prefilled the usual way."""
+        group: list[_Seq] = []
+        longest = 0
+        for s in self._prefill:
+            if self.hold_last_token or not self._batchable(s):
+                break
+            longest = max(longest, len(s.pending))
+            if (len(group) + 1) * longest > step:
+                break
+            group.append(s)
+        return group
+
+    def _prefill_batch(self, group: list[_Seq]) -> list[PromptResponse]:
+        """Prefill ``group``'s whole prompts in one forward pass (left-padded, ``BatchKVCache``)
+        and sample their first tokens; the group then joins the decode batch as one piece."""
+        from mlx_lm.models.cache import BatchKVCache
+
+        longest = max(len(s.pending) for s in group)
+        pads = [longest - len(s.pending) for s in group]
+        x = mx.array([[0] * p + s.pending for p, s in zip(pads, group)], dtype=mx.uint32)
+        cache = [BatchKVCache(pads) for _ in group[0].cache]
+        logits = self.model(x, cache=cache)[:, -1, :]
+        out: list[PromptResponse] = []
+        for s in group:
+            s.tokens.extend(s.pending)
+            self.num_prefill_tokens += len(s.pending)
+            s.pending = []
+            if s.processors:
+                s.context = TokenBuffer(s.tokens)
+        y, lp = _sample(group, logits, None, self.grammars)
+        mx.async_eval(y, lp)
+        for row, (p, s) in enumerate(zip(pads, group)):
+            self._prefill.popleft()
+            s.cache = []
+            if self.on_prefill_chunk is not None:
+                self._reports.append((s.uid, _row_views(cache, row, p, longest), len(s.tokens)))
+            out.append(PromptResponse(s.uid, (s.num_prompt, s.num_prompt), True))
+        self._joining.append(_Joining(group, cache, y, lp, batched=True))
+        return out
+
     def _prefill_chunk(self) -> list[PromptResponse]:
+        step = self._chunk_size()
+        group = self._prefill_group(step)
+        if len(group) > 1:
+            return self._prefill_batch(group)
         s = self._prefill[0]
         pos = len(s.tokens)
-        step = self.mixed_step_size if (self._rows or self._joining) else self.prefill_step_size
         # End at an absolute multiple of the chunk size, so cuts do not depend on a hit; a first
         # piece shorter than half a chunk (after a hit) joins the next chunk instead of paying
         # a forward pass's fixed cost of its own.
@@ -423,8 +517,8 @@ class BatchRunner:
         mx.async_eval(y, lp)
         self._report(s, len(s.tokens))
         self._prefill.popleft()
-        s.first = (y, lp)
-        self._joining.append(s)
+        self._joining.append(_Joining([s], s.cache, y, lp, batched=False))
+        s.cache = []
         return [PromptResponse(s.uid, (done, s.num_prompt), True)]
 
     def _report(self, s: _Seq, num_tokens: int) -> None:
@@ -449,32 +543,38 @@ class BatchRunner:
 
     def _join(self) -> None:
         """Move sequences whose prefill finished into the decode batch (their first token is
-        fed in this step)."""
+        fed in this step). Rows keep their order: decoding rows, then the joining ones in
+        the order their prefills finished."""
         if not self._joining:
             return
         joining, self._joining = self._joining, []
-        ys = [s.first[0] for s in joining]  # type: ignore[index]
-        lps = [s.first[1] for s in joining]  # type: ignore[index]
         if not self._rows and len(joining) == 1:
-            self._cache, self._merged = joining[0].cache, False
-        elif not self._merged:
-            # One or no sequence decoding, with its own caches: merge everything once.
-            own = ([self._cache] if self._rows else []) + [s.cache for s in joining]
-            self._cache = [own[0][layer].merge([c[layer] for c in own]) for layer in range(len(own[0]))]
-            self._merged = True
+            self._cache, self._merged = joining[0].cache, joining[0].batched
         else:
-            first = joining[0].cache
-            for layer, c in enumerate(self._cache):
-                c.extend(first[layer].merge([s.cache[layer] for s in joining]))
-        for s in joining:
-            s.first = None
-            s.cache = []
-        if self._y is not None:
-            ys.insert(0, self._y)
-            lps.insert(0, self._lp)
+            # Batch-1 caches (a lone decoding row's, single joiners') are merged once, in row
+            # order; batched pieces (the merged batch, groups prefilled together) are extended.
+            pieces: list[list[Any]] = [self._cache] if self._rows and self._merged else []
+            own: list[list[Any]] = [self._cache] if self._rows and not self._merged else []
+            for j in joining:
+                if j.batched:
+                    if own:
+                        pieces.append(_merge(own))
+                        own = []
+                    pieces.append(j.cache)
+                else:
+                    own.append(j.cache)
+            if own:
+                pieces.append(_merge(own))
+            self._cache = pieces[0]
+            for piece in pieces[1:]:
+                for layer, c in enumerate(self._cache):
+                    c.extend(piece[layer])
+            self._merged = True
+        ys = ([self._y] if self._y is not None else []) + [j.y for j in joining]
+        lps = ([self._lp] if self._lp is not None else []) + [j.lp for j in joining]
         self._y = mx.concatenate(ys) if len(ys) > 1 else ys[0]
         self._lp = mx.concatenate(lps, axis=0) if len(lps) > 1 else lps[0]
-        self._rows.extend(joining)
+        self._rows.extend(s for j in joining for s in j.seqs)
 
     def _emit(self, rows: list[_Seq], y_in: mx.array, lp_in: mx.array) -> list[TokenResponse]:
         """Read the tokens just fed to ``rows`` (the one host sync of the step) and emit them."""
@@ -607,6 +707,23 @@ class BatchRunner:
         else:
             for c in self._cache:
                 c.filter(keep)
+
+
+def _merge(caches: list[list[Any]]) -> list[Any]:
+    """One batched cache per layer from per-sequence caches (mlx-lm's ``merge``, left-padded)."""
+    return [caches[0][layer].merge([c[layer] for c in caches]) for layer in range(len(caches[0]))]
+
+
+def _row_views(cache: list[Any], row: int, pad: int, end: int) -> list[KVCache]:
+    """Batch-1 ``KVCache`` views (no copy) of row ``row`` of ``BatchKVCache`` layers whose
+    row holds ``pad`` padding positions, then its tokens up to position ``end``."""
+    views = []
+    for c in cache:
+        v = KVCache()
+        k, vv = c.keys[row : row + 1, :, pad:end], c.values[row : row + 1, :, pad:end]
+        v.state = (k, vv, end - pad)
+        views.append(v)
+    return views
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,23 +145,7 @@ def _engine(model, tokenizer, *, cache: bool, block_size: int = 64, num_draft_to
 
 def _run_all(eng, reqs) -> list[list]:
     """Submit every request at once; return each one's events when all finished."""
-    from omlx.request import Failed, Finished
-
-    events: list[list] = [[] for _ in reqs]
-    done = [threading.Event() for _ in reqs]
-
-    def sink_for(i):
-        def sink(ev):
-            events[i].append(ev)
-            if isinstance(ev, (Finished, Failed)):
-                done[i].set()
-        return sink
-
-    for i, r in enumerate(reqs):
-        eng.submit(r, sink_for(i))
-    for d in done:
-        assert d.wait(120)
-    return events
+    return eng.run_all(reqs, 120)
 
 
 def _tokens(events) -> list[int]:
@@ -310,3 +294,117 @@ def test_hold_last_token_prefills_the_last_prompt_token_alone(model):
     got = drive(runner, {0: [("a", p)]}, max_tokens=6)
     assert calls == [64, 99, 100]
     assert got["a"] == reference(model, p, 6)
+
+
+def test_the_gpu_warm_up_batch_runs_together_and_each_request_equals_generate_step(model, tokenizer):
+    """The batched warm-up (`omlx.engine.factory.warmup_batch`) gives rows of different prompt
+    and output lengths, so a load builds the kernels of merging and dropping decode rows."""
+    from omlx.engine.factory import warmup_batch
+    from omlx.request import Finished
+
+    assert warmup_batch("tiny", [1, 2, 3], 1) == []
+    ids = prompts([40], seed=11)[0]
+    reqs = warmup_batch("tiny", ids, 8)
+    assert len({len(r.prompt_token_ids) for r in reqs}) == 8
+    assert len({r.sampling.max_tokens for r in reqs}) == 8
+    eos = frozenset(tokenizer.eos_token_ids)
+    eng = _engine(model, tokenizer, cache=False)
+    try:
+        evs = eng.run_all(reqs, 120)
+    finally:
+        eng.stop()
+    for r, e in zip(reqs, evs):
+        assert isinstance(e[-1], Finished)
+        assert _tokens(e) == reference(model, r.prompt_token_ids, r.sampling.max_tokens, eos)
+
+
+# ---- batched prefill of fresh short prompts ---------------------------------------------------
+
+
+def test_short_fresh_prompts_queued_together_prefill_in_one_step_and_match_generate_step(model):
+    calls: list[tuple[int, int, int]] = []
+
+    def hook(uid, caches, n):
+        calls.append((uid, n, caches[0].offset))
+        assert caches[0].keys.shape[2] == n  # a batch-1 view of its own row, no padding
+
+    p = prompts([5, 17, 40, 3])
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=256, block_size=64, on_prefill_chunk=hook)
+    uids = runner.insert_segments([[x] for x in p], max_tokens=[12] * 4)
+    runner.next()
+    assert runner.num_prefilling == 0 and runner.num_prefill_tokens == 65  # one forward pass
+    got = {u: [] for u in uids}
+    while len(runner):
+        for r in runner.next()[1]:
+            got[r.uid].append(r.token)
+    for u, x in zip(uids, p):
+        assert got[u] == reference(model, x, 12)
+    assert sorted(calls) == sorted((u, len(x), len(x)) for u, x in zip(uids, p))
+
+
+def test_a_prefill_batch_beside_decoding_rows_and_a_removal_while_joining_stay_exact(model):
+    p = prompts([30, 9, 21, 14, 250], seed=4)
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, mixed_step_size=64, block_size=64)
+    # "a" decodes alone; "b", "c", "d" arrive together (3 x 21 padded tokens <= 64 beside
+    # decoding) and are prefilled in one pass; "c" is removed before its batch joins; "e" is
+    # too long to batch and is chunked on its own.
+    schedule = {0: [("a", p[0])], 4: [("b", p[1]), ("c", p[2]), ("d", p[3]), ("e", p[4])]}
+    got = drive(runner, schedule, max_tokens=16, remove_at={5: "c"})
+    for name, prompt in zip("abde", [p[0], p[1], p[3], p[4]]):
+        assert got[name] == reference(model, prompt, 16), name
+    assert got["c"] == []  # removed between its prefill and its first decode step
+    assert len(runner) == 0
+
+
+def test_a_prompt_with_a_cached_prefix_or_over_the_budget_is_not_batched(model):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    prefix, a, b = prompts([64, 10, 12], seed=9)
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, block_size=64)
+    cache = make_prompt_cache(model)
+    model(mx.array([prefix]), cache=cache)
+    runner.insert_segments([[a]], max_tokens=[2], caches=[cache], all_tokens=[prefix])
+    assert not runner.prefill_batch_room(5)  # the queued one holds a cached prefix
+    runner.insert_segments([[b]], max_tokens=[2])
+    runner.next()
+    assert runner.num_prefilling == 1  # the hit prefilled alone
+    assert not runner.prefill_batch_room(65)  # 2 x 65 padded tokens > 128
+    assert runner.prefill_batch_room(64)
+
+
+def test_the_engine_admits_short_distinct_prompts_into_one_prefill_and_shared_ones_one_by_one(model, tokenizer):
+    from omlx.request import Request, SamplingParams
+
+    eos = frozenset(tokenizer.eos_token_ids)
+    sp = SamplingParams(max_tokens=6, temperature=0.0)
+    eng = _engine(model, tokenizer, cache=True, block_size=16)
+    try:
+        steps: list[int] = []
+        real = eng._gen.__class__._prefill_batch
+
+        def spy(self, group):
+            steps.append(len(group))
+            return real(self, group)
+
+        eng._gen._prefill_batch = spy.__get__(eng._gen)
+        distinct = prompts([20, 33, 47, 12], seed=21)
+        evs = _run_all(eng, [Request("tiny", x, sp) for x in distinct])
+        for x, e in zip(distinct, evs):
+            assert _tokens(e) == reference(model, x, 6, eos)
+        assert sum(steps) >= 2  # at least two of them went through one batched prefill
+        # What the batched rows computed was cached: a follow-up hits it.
+        tails = prompts([3, 4, 5, 6], seed=24)
+        evs = _run_all(eng, [Request("tiny", x + t, sp) for x, t in zip(distinct, tails)])
+        for x, t, e in zip(distinct, tails, evs):
+            assert _usage(e).num_cached_tokens >= len(x) // 16 * 16 > 0 or len(x) < 16
+            assert _tokens(e) == reference(model, x + t, 6, eos)
+        shared = prompts([32], seed=22)[0]
+        steps.clear()
+        tails = prompts([5, 6], seed=23)
+        evs = _run_all(eng, [Request("tiny", shared + t, sp) for t in tails])
+        assert steps == []  # the same first block: the second waits and hits the first's blocks
+        assert _usage(evs[1]).num_cached_tokens == 32
+        for t, e in zip(tails, evs):
+            assert _tokens(e) == reference(model, shared + t, 6, eos)
+    finally:
+        eng.stop()
