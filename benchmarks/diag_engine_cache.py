@@ -64,7 +64,7 @@ def main() -> None:
         Engine._loop = loop
     t_load = time.perf_counter()
     entry = load_chat_model("diag", Path(a.model), ModelSettings(), cfg, warmup=True)
-    print(f"load with warm-up: {time.perf_counter() - t_load:.2f} s", flush=True)
+    print(f"load with warm-up: {time.perf_counter() - t_load:.2f} s (ends at epoch {time.time():.2f})", flush=True)
     eng = entry.engine
     rng = random.Random(0)
 
@@ -93,7 +93,7 @@ def main() -> None:
             first = max(t[0] for t in ts) - t0
             gaps = sorted(b - x for t in ts for x, b in zip(t, t[1:]))
             cold = getattr(eng.prefix_cache, "cold_stats", lambda: None)() if eng.prefix_cache else None
-            print(f"wave {wave + 1}: {a.streams} streams, {sum(map(len, ts))} deltas, {wall:.2f} s, "
+            print(f"wave {wave + 1} (started at epoch {time.time() - (time.perf_counter() - t0):.2f}): {a.streams} streams, {sum(map(len, ts))} deltas, {wall:.2f} s, "
                   f"{256 * a.streams / wall:.0f} tok/s aggregate; last first token {1e3 * first:.0f} ms, "
                   f"max gap {1e3 * gaps[-1]:.0f} ms, gaps > 50 ms: {sum(g > 0.05 for g in gaps)}; "
                   f"SSD {cold and {k: cold[k] for k in cold if k in ('num_files', 'num_queued', 'num_writes', 'num_queue_drops')}}",

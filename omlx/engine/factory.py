@@ -143,7 +143,8 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
         ids = render_prompt(loaded.tokenizer, msgs).token_ids
         reqs = [Request(model_id, ids, SamplingParams(max_tokens=4, temperature=0.0))]
         if mx.default_device() != mx.cpu:
-            reqs += warmup_batch(model_id, ids, min(config.max_concurrent_requests, 8))
+            reqs += warmup_batch(model_id, ids, min(config.max_concurrent_requests, 8),
+                                 config.cache.block_size if prefix_cache is not None else 0)
         for evs in engine.run_all(reqs, 300):
             if isinstance(evs[-1], Failed):
                 engine.stop()
@@ -155,23 +156,29 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     return entry
 
 
-def warmup_batch(model_id: str, ids: list[int], n: int) -> list[Request]:
-    """``n`` greedy requests of different prompt lengths and output lengths, run together at
-    load on a GPU.
+def warmup_batch(model_id: str, ids: list[int], n: int, block_size: int = 0) -> list[Request]:
+    """``n`` greedy requests of different prompt and output lengths, run together at load on
+    a GPU; with ``block_size`` (prefix cache on), the last one's prompt ends 2 tokens before a
+    block boundary, so its decode fills a block while other rows decode.
 
-    A single warm-up request leaves the batch path's kernels unbuilt (the gathers and copies of
-    merging rows into a decode batch and dropping finished ones); MLX CUDA compiles each on
-    first use, on the engine thread, which stalled the first 8 streams a fresh H200 served for
-    ~3 s (``benchmarks/diag_engine_cache.py --streams 8`` with an empty ``MLX_PTX_CACHE_DIR``:
-    172 tok/s in the first wave, 701 in the second). The compiled kernels are kept on disk, so
-    later starts on the machine pay little for this.
+    A single short warm-up request leaves kernels of the batch path unbuilt (gathers of merging
+    rows into a decode batch and dropping finished ones, and of caching a block decode filled);
+    MLX CUDA compiles each on first use, 3-6 s apiece on an H200, on the engine thread, which
+    stalled every stream. Measured with ``benchmarks/diag_engine_cache.py --streams 8`` and an
+    empty ``MLX_PTX_CACHE_DIR`` (2026-12-03): 172 tok/s in the first wave, one gap of 3.2 s,
+    701 tok/s in the second; the last kernel compiled when decode filled the first block. The
+    compiled kernels are kept on disk, so later starts on the machine pay little for this.
     """
     from omlx.request import Request, SamplingParams
 
     if n < 2:
         return []
-    return [Request(model_id, ids[: max(1, len(ids) - i)], SamplingParams(max_tokens=2 + i, temperature=0.0))
-            for i in range(n)]
+    reqs = [Request(model_id, ids[: max(1, len(ids) - i)], SamplingParams(max_tokens=2 + i, temperature=0.0))
+            for i in range(n - 1)]
+    long = ids[: max(1, len(ids) - n + 1)]
+    if block_size > 2:
+        long = (ids * (block_size // max(1, len(ids)) + 1))[: block_size - 2]
+    return reqs + [Request(model_id, long, SamplingParams(max_tokens=6, temperature=0.0))]
 
 
 def model_cache_spec(loaded: LoadedModel, config: ServerConfig):

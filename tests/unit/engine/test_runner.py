@@ -304,11 +304,12 @@ def test_the_gpu_warm_up_batch_runs_together_and_each_request_equals_generate_st
 
     assert warmup_batch("tiny", [1, 2, 3], 1) == []
     ids = prompts([40], seed=11)[0]
-    reqs = warmup_batch("tiny", ids, 8)
+    reqs = warmup_batch("tiny", ids, 8, block_size=64)
     assert len({len(r.prompt_token_ids) for r in reqs}) == 8
-    assert len({r.sampling.max_tokens for r in reqs}) == 8
+    assert len({r.sampling.max_tokens for r in reqs}) == 7  # the last crosses a block in decode
+    assert len(reqs[-1].prompt_token_ids) == 62 and reqs[-1].sampling.max_tokens == 6
     eos = frozenset(tokenizer.eos_token_ids)
-    eng = _engine(model, tokenizer, cache=False)
+    eng = _engine(model, tokenizer, cache=True)
     try:
         evs = eng.run_all(reqs, 120)
     finally:
