@@ -260,13 +260,12 @@ class BatchRunner:
         forward pass together with every sequence prefilling now (see `_prefill_group`); an
         engine uses it to admit several short prompts in one step. False with none prefilling
         (nothing to batch with) or any of them not batchable."""
-        if not self._prefill or self.hold_last_token:
-            return False
-        if not all(self._batchable(s) for s in self._prefill):
-            return False
         step = self._chunk_size()
-        longest = max(num_tokens, *(len(s.pending) for s in self._prefill))
-        return (len(self._prefill) + 1) * longest <= step
+        group = self._prefill_group(step)
+        if not group or len(group) < len(self._prefill):
+            return False
+        longest = max(num_tokens, *(len(s.pending) for s in group))
+        return (len(group) + 1) * longest <= step
 
     def insert_segments(
         self,
@@ -385,10 +384,7 @@ class BatchRunner:
             if isinstance(c, BatchKVCache):
                 if pad is None:
                     pad = c.left_padding[row].item()  # one host sync, not one per layer
-                v = KVCache()
-                k, vv = c.keys[row : row + 1, :, pad : c._idx], c.values[row : row + 1, :, pad : c._idx]
-                v.state = (k, vv, k.shape[2])
-                views.append(v)
+                views.append(_row_view(c, row, pad, c._idx))
             elif isinstance(c, BatchQuantKVCache):
                 if pad is None:
                     pad = c.left_padding[row].item()
@@ -476,7 +472,7 @@ class BatchRunner:
             self._prefill.popleft()
             s.cache = []
             if self.on_prefill_chunk is not None:
-                self._reports.append((s.uid, _row_views(cache, row, p, longest), len(s.tokens)))
+                self._reports.append((s.uid, [_row_view(c, row, p, longest) for c in cache], len(s.tokens)))
             out.append(PromptResponse(s.uid, (s.num_prompt, s.num_prompt), True))
         self._joining.append(_Joining(group, cache, y, lp, batched=True))
         return out
@@ -714,16 +710,13 @@ def _merge(caches: list[list[Any]]) -> list[Any]:
     return [caches[0][layer].merge([c[layer] for c in caches]) for layer in range(len(caches[0]))]
 
 
-def _row_views(cache: list[Any], row: int, pad: int, end: int) -> list[KVCache]:
-    """Batch-1 ``KVCache`` views (no copy) of row ``row`` of ``BatchKVCache`` layers whose
-    row holds ``pad`` padding positions, then its tokens up to position ``end``."""
-    views = []
-    for c in cache:
-        v = KVCache()
-        k, vv = c.keys[row : row + 1, :, pad:end], c.values[row : row + 1, :, pad:end]
-        v.state = (k, vv, end - pad)
-        views.append(v)
-    return views
+def _row_view(c: Any, row: int, pad: int, end: int) -> KVCache:
+    """A batch-1 ``KVCache`` view (no copy) of row ``row`` of ``BatchKVCache`` ``c``, whose row
+    holds ``pad`` padding positions, then its tokens up to position ``end``."""
+    v = KVCache()
+    k, vv = c.keys[row : row + 1, :, pad:end], c.values[row : row + 1, :, pad:end]
+    v.state = (k, vv, end - pad)
+    return v
 
 
 @dataclass(frozen=True, slots=True)
