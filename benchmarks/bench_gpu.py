@@ -75,7 +75,8 @@ Figures and targets (ratios are ratios of medians over repetitions):
    uses the same chunk positions of A. Target: during / alone <= 2. ``max ITL`` in the window is
    reported too. mlx_lm.server is measured the same way, for information.
 
-Also recorded: omlx's prefill chunk size when its log says ("prefill chunk ...") or ``/health``
+Also recorded: each omlx server's ``/v1/admin/recent`` (its per-request TTFT and prefilled
+tokens, engine side), omlx's prefill chunk size when its log says ("prefill chunk ...") or ``/health``
 has a key naming it (absent: null), every raw measurement, the servers' start-up seconds and
 log tails, versions, the GPU (``nvidia-smi``), and notes.
 
@@ -1265,6 +1266,14 @@ async def main_async(run: Run) -> None:
                     run.note(f"figures failed after {name}: {type(e).__name__}: {e}")
                 run.save()
             run.data["prefill_chunk"] = prefill_chunk_info(main, health)
+            # The servers' own per-request record (engine-side TTFT, prefilled tokens): where a
+            # slow client-side figure spent its time, HTTP path or engine.
+            for s in (x for x in srvs.values() if x.up and x.kind == "omlx"):
+                try:
+                    r = await client.get(s.url + "/v1/admin/recent?limit=200", timeout=5)
+                    run.data.setdefault("omlx_recent", {})[s.label] = r.json().get("requests")
+                except Exception as e:
+                    run.note(f"{s.label}: /v1/admin/recent failed: {type(e).__name__}: {e}")
             for s in srvs.values():
                 if s.proc is not None and s.proc.poll() is not None and s.ready_s is not None:
                     run.note(f"{s.label} exited during the run ({s.proc.returncode}): {s.log_tail(600)}")

@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=0, help="run N concurrent 256-token streams instead")
     ap.add_argument("--waves", type=int, default=3, help="with --streams: how many waves")
     ap.add_argument("--no-profile", action="store_true", help="no cProfile (it slows the step loop)")
+    ap.add_argument("--trace", action="store_true",
+                    help="print each engine step's wall time and the time spent caching blocks in it")
     a = ap.parse_args()
 
     from omlx.config import ModelSettings, load_config
@@ -62,6 +64,9 @@ def main() -> None:
 
     if not a.no_profile:
         Engine._loop = loop
+    steps: list[tuple[float, float, float, int, int]] = []  # (start, wall s, caching s, prompt resps, tokens)
+    if a.trace:
+        _trace_steps(steps)
     t_load = time.perf_counter()
     entry = load_chat_model("diag", Path(a.model), ModelSettings(), cfg, warmup=True)
     print(f"load with warm-up: {time.perf_counter() - t_load:.2f} s (ends at epoch {time.time():.2f})", flush=True)
@@ -118,6 +123,7 @@ def main() -> None:
         t0 = time.perf_counter()
         run(Request("diag", prompt(a.prompt_tokens), SamplingParams(max_tokens=1, temperature=0.0)), t).wait(120)
         print(f"cold {a.prompt_tokens}-token TTFT {1e3 * (t[0] - t0):.1f} ms", flush=True)
+        print_steps(steps, t0, t[0])
         time.sleep(0.5)
 
     def gaps(ts: list[float]) -> list[float]:
@@ -142,7 +148,41 @@ def main() -> None:
     print(f"beside a {a.prompt_tokens}-token prefill (TTFT {1e3 * (t1 - t0):.1f} ms): {len(during)} gaps, "
           f"mean {statistics.mean(during) if during else float('nan'):.2f} ms, max {max(during, default=0):.1f}",
           flush=True)
+    print_steps(steps, t0, t1)
     report(eng, prof)
+
+
+def _trace_steps(steps: list) -> None:
+    """Time every ``BatchRunner.next`` and the ``Engine._cache_blocks`` calls inside each step."""
+    from omlx.engine.engine import Engine
+    from omlx.engine.runner import BatchRunner
+
+    nxt, cb = BatchRunner.next, Engine._cache_blocks
+    caching = [0.0]
+
+    def next_(self):
+        caching[0] = 0.0
+        t = time.perf_counter()
+        out = nxt(self)
+        steps.append((t, time.perf_counter() - t, caching[0], len(out[0]), len(out[1])))
+        return out
+
+    def cache_blocks(self, *args, **kw):
+        t = time.perf_counter()
+        try:
+            return cb(self, *args, **kw)
+        finally:
+            caching[0] += time.perf_counter() - t
+
+    BatchRunner.next, Engine._cache_blocks = next_, cache_blocks
+
+
+def print_steps(steps: list, t0: float, t1: float) -> None:
+    """The traced steps that started in [t0, t1] (nothing without ``--trace``)."""
+    sel = [s for s in steps if t0 <= s[0] <= t1]
+    if sel:
+        print("  steps (start ms, wall ms, caching ms, prompt resps, tokens): " + " ".join(
+            f"({1e3 * (s[0] - t0):.0f},{1e3 * s[1]:.1f},{1e3 * s[2]:.1f},{s[3]},{s[4]})" for s in sel[:60]), flush=True)
 
 
 def report(eng, prof) -> None:

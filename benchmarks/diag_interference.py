@@ -2,8 +2,9 @@
 
 One sequence decodes; after 20 tokens a ``--prompt-tokens`` prompt arrives and is prefilled in
 mixed-size chunks beside it. For each mixed chunk size given, prints the wall time of every
-``BatchRunner.next()`` while the prefill runs, and the same with an ``mx.synchronize`` between
-the decode forward and the chunk (``--sync``) to attribute the time.
+``BatchRunner.next()`` while the prefill runs (each size twice: the first pass of a size builds
+its shapes' kernels and cuDNN attention graphs, the second shows the steady state), and the
+median decode-only step after it.
 Usage: python benchmarks/diag_interference.py --model DIR [--mixed 512 2048] [--prompt-tokens 4096]
 A diagnostic, not a benchmark of record.
 """

@@ -41,6 +41,7 @@ TOML layout::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -309,6 +310,11 @@ class ServerConfig:
             streams), a multiple of the block size; None = measured per model and device at load
             (`omlx.engine.runner.measured_step_sizes`). Pin it to make two servers cut prompts
             alike (different cuts change the last bits of KV values and logits).
+        max_tpot_slowdown: while prompts prefill beside decoding sequences, the mean step time
+            (time per output token of those sequences) is held to at most this many times a
+            decode-only step by letting a prefill chunk into only some steps
+            (`omlx.engine.pacing`); a prompt that arrives while nothing decodes is never held.
+            Values <= 1 turn pacing off (a chunk in every step: fastest prefill, slowest streams).
         lookup_draft_tokens: prompt-lookup speculative decoding: most tokens drafted per verify
             step for a greedy request decoding alone (`omlx.engine.lookup`); 0 (default) = off.
         test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
@@ -337,6 +343,7 @@ class ServerConfig:
     kv_bits: int | None = None
     kv_group_size: int = 64
     prefill_step_size: int | None = None
+    max_tpot_slowdown: float = 2.0
     lookup_draft_tokens: int = 0
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
@@ -378,6 +385,7 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_KV_GROUP_SIZE": "kv_group_size",
     "OMLX_PREFILL_STEP_SIZE": "prefill_step_size",
     "OMLX_LOOKUP_DRAFT_TOKENS": "lookup_draft_tokens",
+    "OMLX_MAX_TPOT_SLOWDOWN": "max_tpot_slowdown",
     "OMLX_PRELOAD_BLAS": "preload_blas",
     "OMLX_LOG_LEVEL": "log_level",
     "OMLX_DISABLE_KERNELS": "disable_kernels",
@@ -430,7 +438,7 @@ def _coerce(key: str, value: Any) -> Any:
         return None if value in (None, "", "none", "off") else float(value)
     if name == "context_scale_to":
         return None if value in (None, "", 0, "0") else int(value)
-    if name in ("keepalive_s", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s",
+    if name in ("keepalive_s", "max_tpot_slowdown", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s",
                 "heartbeat_interval_s", "heartbeat_timeout_s", "step_timeout_s"):
         return float(value)
     if name == "headroom_bytes":
@@ -565,6 +573,9 @@ def load_config(
     if cfg.kv_group_size not in KV_GROUP_SIZE_CHOICES:
         raise InvalidRequestError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZE_CHOICES))}, "
                                   f"got {cfg.kv_group_size}")
+    if not math.isfinite(cfg.max_tpot_slowdown) or cfg.max_tpot_slowdown < 0:
+        raise InvalidRequestError(f"max_tpot_slowdown must be a number >= 0 (<= 1 turns pacing off), "
+                                  f"got {cfg.max_tpot_slowdown}")
     if not 0 <= cfg.lookup_draft_tokens <= 64:
         raise InvalidRequestError(f"lookup_draft_tokens must be 0 (off) to 64, got {cfg.lookup_draft_tokens}")
     if cfg.prefill_step_size is not None and (cfg.prefill_step_size < cfg.cache.block_size

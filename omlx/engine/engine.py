@@ -154,6 +154,10 @@ class Engine:
         prefill_step_size: most prompt tokens one forward pass processes per sequence.
         mixed_step_size: the same while other requests decode (default: ``prefill_step_size``).
         num_draft_tokens: prompt-lookup drafts per verify step (`BatchRunner`); 0 = off.
+        max_tpot_slowdown: prefill pacing beside decoding sequences (`omlx.engine.pacing`);
+            <= 1 = off (the default here: the cluster's replayed runners must step alike).
+        pad_shapes: pad ragged prefill chunks to repeating lengths (`BatchRunner`; for CUDA,
+            whose attention builds a cuDNN graph per new shape); off by default, as above.
         measure_steps: choose both step sizes by measuring the model on this device when the
             engine thread starts (`omlx.engine.runner.measured_step_sizes`: once per model shape
             and device in the process; logged).
@@ -181,6 +185,8 @@ class Engine:
         fault_plan: FaultPlan | None = None,
         make_cache: Callable[[], list[Any]] | None = None,
         num_draft_tokens: int = 0,
+        max_tpot_slowdown: float = 0.0,
+        pad_shapes: bool = False,
     ):
         self.model_id = model_id
         self.fault_plan = fault_plan
@@ -196,6 +202,8 @@ class Engine:
         self.measure_steps = measure_steps
         self.make_cache = make_cache
         self.num_draft_tokens = num_draft_tokens
+        self.max_tpot_slowdown = max_tpot_slowdown
+        self.pad_shapes = pad_shapes
         self.step_sizes: StepSizes | None = None
         self._grammars: Grammars | None = None
         self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
@@ -343,6 +351,8 @@ class Engine:
             make_cache=self.make_cache,
             grammars=self._grammars,
             num_draft_tokens=self.num_draft_tokens,
+            max_tpot_slowdown=self.max_tpot_slowdown,
+            pad_shapes=self.pad_shapes,
         )
 
     @property

@@ -16,6 +16,17 @@ batched decode step plus at most one prefill chunk:
   ``on_prefill_chunk`` can hand full blocks to the prefix cache as soon as they are computed.
   While other sequences decode, chunks are ``mixed_step_size`` tokens (about one decode step
   of work, measured), so running streams keep flowing; alone, ``prefill_step_size``.
+- **Shape padding** (``pad_shapes``, on for a CUDA device): MLX's CUDA attention builds a
+  cuDNN graph for every new (query length, key length) pair, 50-70 ms each on an H200
+  (`benchmarks/diag_interference.py`: a 1,024-token chunk beside a decoding stream took
+  90-99 ms the first time and 15-26 ms once its shapes were cached), so a prompt's ragged last
+  chunk would pay one on every request. Such a chunk is padded at its end to `padded_length`
+  (query lengths that repeat), its logits are read at its last real token, and the pad is
+  trimmed off the cache: causal attention never lets a real token see the pad after it, so
+  the KV and logits are the unpadded ones. Only over plain ``KVCache`` layers (trimmed
+  exactly); a left-padded prefill batch is padded to the same lengths. (End to end, the
+  H200 bench's cold 4k TTFT did not measurably change with it, 217 ms median against 234,
+  within that figure's run-to-run spread; what it bounds is the set of shapes.)
 - **Decode** runs every sequence past its prefill in one forward pass. A batch of one keeps its
   own plain ``KVCache`` objects (mlx-lm's fast causal path, exactly ``generate_step``'s work per
   token); two or more are merged into ``BatchKVCache`` (left-padded), which is filtered when a
@@ -47,6 +58,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from omlx.engine.cache_spec import freeze
 from omlx.engine.grammar import GrammarMatcher, Grammars, mask_logits
 from omlx.engine.lookup import PromptLookup
+from omlx.engine.pacing import PrefillPacer
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +71,16 @@ ChunkHook = Callable[[int, list[Any], int], None]
 
 #: Release MLX's buffer cache every this many decode steps (as ``generate_step`` does).
 _CLEAR_CACHE_EVERY = 256
+
+
+def padded_length(n: int, quantum: int = KVCache.step) -> int:
+    """The query length a chunk of ``n`` tokens is padded to with ``pad_shapes``: the next
+    power of two (at least 16) up to ``quantum``, else the next multiple of ``quantum``
+    (mlx-lm's ``KVCache.step``, 256: the cache's buffer then grows to the same capacities).
+    Wastes under half of a short chunk and under ``quantum`` tokens of a long one."""
+    if n <= quantum:
+        return min(quantum, max(16, 1 << (n - 1).bit_length()))
+    return -(-n // quantum) * quantum
 
 
 @dataclass(slots=True)
@@ -204,6 +226,11 @@ class BatchRunner:
         num_draft_tokens: most tokens prompt lookup drafts per verify step (0: speculation
             off). Used for a greedy sequence without processors or grammar while it decodes
             alone over plain ``KVCache`` layers (the only ones trimmed exactly); see `_spec_step`.
+        max_tpot_slowdown: a prefill chunk joins a step beside decoding sequences only while
+            their mean step time stays within this many decode-only steps (`PrefillPacer`,
+            ``self.pacer``); <= 1 = off, a chunk in every step.
+        pad_shapes: pad ragged prefill chunks to `padded_length` (see the module docstring;
+            the engine turns it on for a CUDA device). Every replica of a pipeline must agree.
     """
 
     #: A sequence whose verify steps accept fewer tokens than this on average, over at least
@@ -216,7 +243,7 @@ class BatchRunner:
                  mixed_step_size: int | None = None, block_size: int = 256,
                  on_prefill_chunk: ChunkHook | None = None, stream: Any = None, hold_last_token: bool = False,
                  make_cache: Callable[[], list[Any]] | None = None, grammars: Grammars | None = None,
-                 num_draft_tokens: int = 0):
+                 num_draft_tokens: int = 0, max_tpot_slowdown: float = 0.0, pad_shapes: bool = False):
         from mlx_lm.generate import StopSequences
 
         self.model = model
@@ -244,6 +271,9 @@ class BatchRunner:
         self.num_spec_steps = 0  # verify steps run, all time
         self.num_drafted_tokens = 0  # draft tokens proposed, all time
         self.num_accepted_tokens = 0  # of them accepted, all time
+        self.pacer = PrefillPacer(max_tpot_slowdown)
+        self.pad_shapes = pad_shapes
+        self.num_pad_tokens = 0  # tokens of padding run by shape padding, all time
 
     # ---- the BatchGenerator-shaped surface ----------------------------------------------
 
@@ -415,7 +445,8 @@ class BatchRunner:
                 logits = self.model(y_in[:, None], cache=self._cache)[:, -1, :]
                 self._y, self._lp = _sample(self._rows, logits, y_in, self.grammars)
                 mx.async_eval(self._y, self._lp)
-            prompt_resps = self._prefill_chunk() if self._prefill else []
+            paced = self.pacer.allow(decoding=y_in is not None, waiting=bool(self._prefill))
+            prompt_resps = self._prefill_chunk() if self._prefill and paced else []
             if gen_resps is None:
                 gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
             self._run_reports(reports)
@@ -455,7 +486,10 @@ class BatchRunner:
         from mlx_lm.models.cache import BatchKVCache
 
         longest = max(len(s.pending) for s in group)
+        if self.pad_shapes:
+            longest = padded_length(longest)
         pads = [longest - len(s.pending) for s in group]
+        self.num_pad_tokens += sum(pads)
         x = mx.array([[0] * p + s.pending for p, s in zip(pads, group)], dtype=mx.uint32)
         cache = [BatchKVCache(pads) for _ in group[0].cache]
         logits = self.model(x, cache=cache)[:, -1, :]
@@ -506,7 +540,13 @@ class BatchRunner:
             mx.async_eval([c.state for c in s.cache])
             self._report(s, len(s.tokens))
             return [PromptResponse(s.uid, (done, s.num_prompt), False)]
-        logits = self.model(x, cache=s.cache)[:, -1, :]
+        pad = padded_length(n) - n if self.pad_shapes and all(type(c) is KVCache for c in s.cache) else 0
+        if pad:
+            x = mx.concatenate([x, mx.zeros((1, pad), dtype=mx.uint32)], axis=1)
+            self.num_pad_tokens += pad
+        logits = self.model(x, cache=s.cache)[:, n - 1, :]
+        for c in s.cache if pad else ():
+            c.trim(pad)  # causal: no real token attended to the pad after it
         if s.processors:
             s.context = TokenBuffer(s.tokens)
         y, lp = _sample([s], logits, None, self.grammars)
@@ -742,10 +782,12 @@ def measure_step_sizes(model: Any, block_size: int, *, max_step: int = 4096, min
 
     Chunks of 32, 64, 128, ... tokens are timed (best of two: the first run of a shape may
     include compiling its kernels) until one takes over
-    ``max_probe_s`` or ``max_step`` is reached. The alone size is the longest chunk, at least
-    ``block_size``, up to which each doubling still gave ``min_gain`` times the tokens/s: an
-    accelerator needs long chunks to be efficient, a CPU is compute-bound long before a block
-    and keeps ``block_size``. The mixed size is the longest chunk (at least 32 tokens) that costs at
+    ``max_probe_s`` or ``max_step`` is reached. The alone size is the shortest chunk, at least
+    ``block_size``, whose tokens/s is within ``min_gain`` of the best size's: an accelerator
+    needs long chunks to be efficient, a CPU is compute-bound long before a block and keeps
+    ``block_size``. (Stopping at the first doubling that gained too little let one slow probe
+    decide: on an H200, 1,024 tokens once timed 30 ms against 10 ms for 512 and the alone size
+    came out at 512, where 2,048 runs at 25 ms.) The mixed size is the longest chunk (at least 32 tokens) that costs at
     most twice the larger of a batch-1 decode step and the cheapest chunk: on an accelerator a
     short chunk is nearly all fixed cost (3B model, H200: 32 to 512 tokens ~11 ms, 2048 ~26 ms;
     beside a decoding stream a step took 22-27 ms with a 128-token chunk and 30 ms with 2048,
@@ -770,21 +812,27 @@ def measure_step_sizes(model: Any, block_size: int, *, max_step: int = 4096, min
         timed(8)  # compile / warm up kernels
         decode_s = timed(1, cache_tokens=16)
         chunk: dict[int, float] = {}
-        alone, mixed, n = block_size, 32, 32
+        mixed, n = 32, 32
         while n <= max_step:
             chunk[n] = t = timed(n)
             if t <= 2 * max(decode_s, min(chunk.values())):
                 mixed = n
-            half = chunk.get(n // 2)
-            if n > block_size and half is not None:
-                if n / t < min_gain * (n // 2) / half:
-                    break
-                alone = n
             if t > max_probe_s:
                 break
             n *= 2
     mx.clear_cache()
+    alone = alone_step_size(chunk, block_size, min_gain)
     return StepSizes(alone, min(mixed, alone), decode_s * 1e3, {k: v * 1e3 for k, v in sorted(chunk.items())})
+
+
+def alone_step_size(chunk_s: dict[int, float], block_size: int, min_gain: float = 1.1) -> int:
+    """The shortest chunk size (tokens, at least ``block_size``) whose tokens/s, by the timings
+    ``chunk_s`` (size -> seconds), is within ``min_gain`` of the best size's."""
+    rates = {k: k / v for k, v in chunk_s.items() if k >= block_size and v > 0}
+    if not rates:
+        return block_size
+    best = max(rates.values())
+    return max(block_size, min(k for k, r in rates.items() if r * min_gain >= best))
 
 
 _MEASURED: dict[tuple, StepSizes] = {}

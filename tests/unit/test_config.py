@@ -77,6 +77,20 @@ def test_lookup_draft_tokens_is_off_by_default_set_by_any_source_and_bounded(tmp
             load_config({"lookup_draft_tokens": bad}, {}, None)
 
 
+def test_max_tpot_slowdown_defaults_to_2_is_set_by_any_source_and_checked(tmp_path: Path):
+    f = tmp_path / "c.toml"
+    f.write_text("max_tpot_slowdown = 3.5\n")
+    assert load_config({}, {}, None).max_tpot_slowdown == 2.0
+    assert load_config({}, {}, f).max_tpot_slowdown == 3.5
+    assert load_config({}, {"OMLX_MAX_TPOT_SLOWDOWN": "0"}, f).max_tpot_slowdown == 0.0
+    assert load_config({"max_tpot_slowdown": 1.5}, {"OMLX_MAX_TPOT_SLOWDOWN": "0"}, f).max_tpot_slowdown == 1.5
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(InvalidRequestError, match="max_tpot_slowdown must be a number >= 0"):
+            load_config({"max_tpot_slowdown": bad}, {}, None)
+    with pytest.raises(InvalidRequestError, match="bad value for max_tpot_slowdown"):
+        load_config({}, {"OMLX_MAX_TPOT_SLOWDOWN": "fast"}, None)
+
+
 def test_test_park_comes_from_the_environment_only_and_is_off_by_default():
     assert load_config(env={}).test_park is False
     assert load_config(env={"OMLX_TEST_PARK": "1"}).test_park is True

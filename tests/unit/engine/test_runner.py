@@ -120,6 +120,18 @@ def test_step_sizes_are_measured_within_their_bounds(model):
     assert sizes.decode_step_ms > 0 and all(v > 0 for v in sizes.chunk_ms.values())
 
 
+def test_the_alone_chunk_size_is_the_shortest_near_the_best_rate_not_the_first_stall():
+    from omlx.engine.runner import alone_step_size
+
+    # H200, 3B model, 2026-12-04: one slow probe at 1,024 tokens must not stop the choice at 512.
+    h200 = {32: 0.012, 64: 0.0128, 128: 0.0087, 256: 0.0081, 512: 0.0102, 1024: 0.0303, 2048: 0.0251}
+    assert alone_step_size(h200, 256) == 2048
+    # A CPU: tokens/s flat from the first block on, so the block size.
+    cpu = {32: 0.05, 64: 0.1, 128: 0.2, 256: 0.4, 512: 0.8}
+    assert alone_step_size(cpu, 256) == 256
+    assert alone_step_size({32: 0.01}, 256) == 256
+
+
 # ---- the engine over the runner -------------------------------------------------------------
 
 
@@ -409,3 +421,49 @@ def test_the_engine_admits_short_distinct_prompts_into_one_prefill_and_shared_on
             assert _tokens(e) == reference(model, shared + t, 6, eos)
     finally:
         eng.stop()
+
+
+def test_paced_prefill_beside_a_decoding_row_is_held_back_and_stays_exact(model):
+    """With pacing on, a long prompt arriving mid-decode waits between its chunks (a fake
+    clock makes each chunk cost 1 ms per token against a 4 ms decode step) and every token
+    still equals generate_step's."""
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=64, mixed_step_size=32, block_size=32,
+                         max_tpot_slowdown=2.0)
+    t, seen = [0.0], [0]
+
+    def clock() -> float:
+        t[0] += 0.004 + 0.001 * (runner.num_prefill_tokens - seen[0])
+        seen[0] = runner.num_prefill_tokens
+        return t[0]
+
+    runner.pacer.clock = clock
+    p = prompts([5, 200], seed=7)
+    got = drive(runner, {0: [("a", p[0])], 20: [("b", p[1])]}, max_tokens=60)
+    assert got["a"] == reference(model, p[0], 60)
+    assert got["b"] == reference(model, p[1], 60)
+    assert runner.pacer.num_held > 10
+
+
+def test_padded_lengths_repeat_and_waste_little():
+    from omlx.engine.runner import padded_length
+
+    assert [padded_length(n) for n in (1, 16, 17, 100, 129, 256, 257, 1000, 2047, 2048)] == \
+        [16, 16, 32, 128, 256, 256, 512, 1024, 2048, 2048]
+    for n in range(1, 5000, 37):
+        p = padded_length(n)
+        assert n <= p < max(2 * n, n + 256)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_shape_padding_leaves_every_token_equal_to_generate_step(model, batched):
+    """Ragged last chunks (and a prefill batch) padded at their end, trimmed after: the same
+    tokens as mlx-lm's, for single prompts, a batch, and an arrival mid-decode."""
+    p = prompts([3, 45, 130, 201, 77], seed=11)
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128 if not batched else 512,
+                         mixed_step_size=64, block_size=64, pad_shapes=True)
+    schedule = ({0: [("a", p[0])], 1: [("b", p[1])], 4: [("c", p[2]), ("d", p[3])], 12: [("e", p[4])]}
+                if not batched else {0: [(n, q) for n, q in zip("abcde", p)]})
+    got = drive(runner, schedule, max_tokens=12)
+    for name, prompt in zip("abcde", p):
+        assert got[name] == reference(model, prompt, 12), name
+    assert runner.num_pad_tokens > 0

@@ -1,0 +1,117 @@
+"""Prefill pacing: how often a prefill chunk may join the decode batch's steps.
+
+A step that carries a prefill chunk beside decoding sequences costs the chunk's forward pass
+on top of the decode step (3B model on an H200: a decode step ~4 ms, with a 1,024-token chunk
+15-85 ms, `benchmarks/diag_interference.py`), and every decoding sequence waits for it. Chunked
+prefill alone bounds one step's cost by a token budget (Sarathi-Serve's stall-free batching,
+Agrawal et al., OSDI 2024); `PrefillPacer` bounds the *mean* time per output token of the
+decoding sequences while prompts prefill, measured rather than estimated: it lets a chunk into
+a step only while the decode steps of the current contention episode have, on average, taken
+at most ``max_slowdown`` times a decode-only step. Decode-only steps between chunks pay the
+excess back; a prompt arriving while nothing decodes is never held.
+
+The runner pipelines its steps (step k's graph is queued before step k-1's tokens are read),
+so a chunk queued in step k shows in the wall time of step k+2; the pacer charges each chunk
+not yet seen at its last measured cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+
+#: Weight of the newest interval in the moving average of a decode-only step.
+EMA_ALPHA = 0.25
+#: A chunk's extra cost is the median of this many latest observations (one chunk that built
+#: a new kernel or attention graph, 50-600 ms on CUDA, must not hold the next ones for long).
+CHUNK_WINDOW = 7
+#: Steps after a chunk before an interval no longer contains its cost (the pipeline's depth).
+PIPELINE_DEPTH = 2
+
+
+class PrefillPacer:
+    """Decides, at the start of each runner step, whether that step may run a prefill chunk.
+
+    Args:
+        max_slowdown: the bound on (mean step time while prompts prefill beside decoding
+            sequences) / (decode-only step time); values <= 1 turn pacing off (every step may
+            carry a chunk, as without a pacer).
+        clock: seconds, monotonic (tests pass a fake one).
+
+    Attributes:
+        decode_step_s: moving average of a decode-only step's wall time, seconds (None until
+            one is seen: no pacing before).
+        chunk_extra_s: what a step with a chunk costs beyond a decode-only one, seconds: the
+            median of the latest `CHUNK_WINDOW` observations (None until seen).
+        num_held: steps in which a waiting chunk was held back, all time.
+    """
+
+    def __init__(self, max_slowdown: float, *, clock: Callable[[], float] = time.perf_counter):
+        self.max_slowdown = float(max_slowdown)
+        self.clock = clock
+        self.decode_step_s: float | None = None
+        self.chunk_extra_s: float | None = None
+        self.num_held = 0
+        self._extras: deque[float] = deque(maxlen=CHUNK_WINDOW)
+        self._debt = 0.0  # seconds over budget in this contention episode (<= 0: may run a chunk)
+        self._last: float | None = None  # start of the previous step
+        self._last_decoding = False
+        self._last_contended = False
+        self._chunks: deque[bool] = deque([False] * (PIPELINE_DEPTH + 1), maxlen=PIPELINE_DEPTH + 1)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_slowdown > 1.0
+
+    def allow(self, *, decoding: bool, waiting: bool) -> bool:
+        """Call once at the start of every step.
+
+        Args:
+            decoding: the step decodes at least one sequence.
+            waiting: a prefill chunk is waiting to run.
+
+        Returns:
+            True when the step may run the waiting chunk (always when nothing decodes, nothing
+            waits or pacing is off).
+        """
+        now = self.clock()
+        dt = None if self._last is None or not self._last_decoding else now - self._last
+        if dt is not None:
+            self._observe(dt)
+        contended = decoding and waiting
+        ok = True
+        if self.enabled and contended and self.decode_step_s is not None:
+            budget = self.max_slowdown * self.decode_step_s
+            # What one chunk costs the budget: its extra time beyond the slack of its own step.
+            charge = max(0.0, (self.chunk_extra_s or 0.0) - (budget - self.decode_step_s))
+            if self._last_contended and dt is not None:
+                # Credit is banked only up to one chunk's charge (or one step's budget): a
+                # quiet stretch does not buy a burst.
+                self._debt = max(self._debt + dt - budget, -max(budget, charge))
+            else:
+                self._debt = 0.0
+            # Pay before running: the chunks queued but not yet seen in a step's time, and
+            # this one, are charged now, so the mean holds at every point of the episode.
+            unseen = sum(list(self._chunks)[-PIPELINE_DEPTH:])
+            ok = self._debt + (unseen + 1) * charge <= 0.0
+            if not ok:
+                self.num_held += 1
+        else:
+            self._debt = 0.0
+        self._chunks.append(ok and waiting)
+        self._last, self._last_decoding, self._last_contended = now, decoding, contended
+        return ok
+
+    def _observe(self, dt: float) -> None:
+        """Fold the previous step's wall time into the averages: a decode-only step when no chunk
+        ran in the last pipeline-depth steps before it, a chunk's cost when one ran exactly
+        pipeline-depth steps before it."""
+        chunks = list(self._chunks)  # oldest first; chunks[-1] = the step that just ended
+        if not any(chunks):
+            self.decode_step_s = dt if self.decode_step_s is None else (
+                (1 - EMA_ALPHA) * self.decode_step_s + EMA_ALPHA * dt)
+        elif chunks[0] and self.decode_step_s is not None:
+            self._extras.append(max(0.0, dt - self.decode_step_s))
+            self.chunk_extra_s = statistics.median(self._extras)

@@ -1,0 +1,82 @@
+"""Prefill pacing (`PrefillPacer`): a simulated pipelined device, a fake clock.
+
+The device model is the runner's: a step costs a decode step ``d``, plus the cost of the chunk
+queued two steps before it (the step reads the previous step's tokens, queued before that
+step's own chunk).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from omlx.engine.pacing import PrefillPacer
+
+D = 0.004  # a decode-only step, seconds
+
+
+def simulate(max_slowdown: float, chunk_costs: list[float], *, warm: int = 30):
+    """Decode alone for ``warm`` steps, then with ``chunk_costs`` waiting; returns the step
+    walls from the first waiting step until the last chunk's cost has landed, and the pacer."""
+    t = [0.0]
+    pacer = PrefillPacer(max_slowdown, clock=lambda: t[0])
+    for _ in range(warm):
+        assert pacer.allow(decoding=True, waiting=False)
+        t[0] += D
+    queued = [0.0, 0.0]
+    pending = list(chunk_costs)
+    walls: list[float] = []
+    while pending or any(queued[-2:]):
+        ok = pacer.allow(decoding=True, waiting=bool(pending))
+        queued.append(pending.pop(0) if ok and pending else 0.0)
+        wall = D + queued[-3]
+        t[0] += wall
+        walls.append(wall)
+        assert len(walls) < 10_000
+    return walls, pacer
+
+
+@pytest.mark.parametrize("slowdown", [1.5, 2.0, 3.0])
+@pytest.mark.parametrize("chunk", [0.02, 0.08])
+def test_the_mean_step_while_prompts_prefill_stays_within_the_bound(slowdown, chunk):
+    walls, pacer = simulate(slowdown, [chunk] * 6)
+    mean = sum(walls) / len(walls)
+    assert mean <= slowdown * D * 1.02, (mean, slowdown * D)
+    assert pacer.num_held > 0
+    # Without pacing every step carries a chunk: the mean is the chunk's cost on top.
+    free, _ = simulate(0.0, [chunk] * 6)
+    assert sum(free) / len(free) > 2 * mean / slowdown
+
+
+def test_a_chunk_that_fits_the_slack_is_never_held():
+    # 4 ms of chunk beside a 4 ms decode step is within 2x: no step waits.
+    walls, pacer = simulate(2.0, [0.9 * D] * 5)
+    assert pacer.num_held == 0
+    assert len(walls) == 5 + 2  # a chunk in each step, then the pipeline drains
+
+
+def test_a_stalled_chunk_is_paid_back_before_the_next_one():
+    walls, pacer = simulate(2.0, [0.5] + [0.02] * 3)
+    assert sum(walls) / len(walls) <= 2.0 * D * 1.02
+    # The 0.5 s stall took ~125 decode steps of slack to pay back.
+    assert len(walls) > 0.5 / D
+    # ...but one outlier does not make every later chunk look that expensive.
+    assert pacer.chunk_extra_s == pytest.approx(0.02, rel=0.05)
+
+
+def test_nothing_decoding_or_pacing_off_never_holds():
+    t = [0.0]
+    pacer = PrefillPacer(2.0, clock=lambda: t[0])
+    for _ in range(20):
+        assert pacer.allow(decoding=False, waiting=True)
+        t[0] += 1.0  # long chunks alone: nobody's stream waits for them
+    off = PrefillPacer(1.0, clock=lambda: t[0])
+    for i in range(40):
+        assert off.allow(decoding=True, waiting=i >= 10)
+        t[0] += D if i < 10 else 0.05
+    assert pacer.num_held == off.num_held == 0
+
+
+def test_decode_step_time_is_learned_from_chunk_free_steps_only():
+    walls, pacer = simulate(2.0, [0.05] * 3)
+    assert pacer.decode_step_s == pytest.approx(D)
+    assert pacer.chunk_extra_s == pytest.approx(0.05, rel=0.05)
