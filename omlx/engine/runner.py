@@ -230,7 +230,8 @@ class BatchRunner:
             their mean step time stays within this many decode-only steps (`PrefillPacer`,
             ``self.pacer``); <= 1 = off, a chunk in every step.
         pad_shapes: pad ragged prefill chunks to `padded_length` (see the module docstring;
-            the engine turns it on for a CUDA device). Every replica of a pipeline must agree.
+            the engine turns it on for a CUDA device). Needs a model that returns every
+            position's logits, so never for a cluster stage (its logits are the last position's).
     """
 
     #: A sequence whose verify steps accept fewer tokens than this on average, over at least
@@ -544,7 +545,8 @@ class BatchRunner:
         if pad:
             x = mx.concatenate([x, mx.zeros((1, pad), dtype=mx.uint32)], axis=1)
             self.num_pad_tokens += pad
-        logits = self.model(x, cache=s.cache)[:, n - 1, :]
+        # Without a pad, the last position (a pipeline stage computes only that one's logits).
+        logits = self.model(x, cache=s.cache)[:, n - 1 if pad else -1, :]
         for c in s.cache if pad else ():
             c.trim(pad)  # causal: no real token attended to the pad after it
         if s.processors:

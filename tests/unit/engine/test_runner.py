@@ -467,3 +467,20 @@ def test_shape_padding_leaves_every_token_equal_to_generate_step(model, batched)
     for name, prompt in zip("abcde", p):
         assert got[name] == reference(model, prompt, 12), name
     assert runner.num_pad_tokens > 0
+
+
+def test_a_model_that_returns_only_the_last_positions_logits_runs_unchanged(model):
+    """A cluster stage computes logits for the last position only ((B, 1, V), see
+    `omlx.cluster.pipeline.StageModel`); the runner must read that one, not index the chunk."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    class LastOnly:
+        def __call__(self, x, cache=None):
+            return model(x, cache=cache)[:, -1:, :]
+
+    p = prompts([3, 45, 130], seed=13)
+    runner = BatchRunner(LastOnly(), stop_tokens=[], prefill_step_size=128, mixed_step_size=64, block_size=64,
+                         make_cache=lambda: make_prompt_cache(model))
+    got = drive(runner, {0: [("a", p[0])], 2: [("b", p[1]), ("c", p[2])]}, max_tokens=8)
+    for name, prompt in zip("abc", p):
+        assert got[name] == reference(model, prompt, 8), name
