@@ -440,6 +440,8 @@ def _coerce(key: str, value: Any) -> Any:
         return None if value in (None, "", 0, "0") else int(value)
     if name in ("keepalive_s", "max_tpot_slowdown", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s",
                 "heartbeat_interval_s", "heartbeat_timeout_s", "step_timeout_s"):
+        if isinstance(value, bool):  # TOML true would be 1.0: never what was meant
+            raise ValueError("a number is needed, not true/false")
         return float(value)
     if name == "headroom_bytes":
         return parse_size(value)

@@ -22,11 +22,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-#: Weight of the newest interval in the moving average of a decode-only step.
-EMA_ALPHA = 0.25
-#: A chunk's extra cost is the median of this many latest observations (one chunk that built
-#: a new kernel or attention graph, 50-600 ms on CUDA, must not hold the next ones for long).
-CHUNK_WINDOW = 7
+#: A decode-only step's time is the median of this many latest chunk-free steps (the first
+#: after a prefill can take 10x a steady one: on 2 CPU cores ~950 ms against 60-80).
+DECODE_WINDOW = 9
+#: Steps over which a chunk's extra cost is estimated: (their time - as many decode-only
+#: steps) / the chunks among them. Which step shows a chunk's cost depends on what syncs the
+#: host (the prefix cache's block copies do, at once), so the cost is not read off one step.
+CHUNK_WINDOW = 16
 #: Steps after a chunk before an interval no longer contains its cost (the pipeline's depth).
 PIPELINE_DEPTH = 2
 
@@ -41,10 +43,11 @@ class PrefillPacer:
         clock: seconds, monotonic (tests pass a fake one).
 
     Attributes:
-        decode_step_s: moving average of a decode-only step's wall time, seconds (None until
-            one is seen: no pacing before).
-        chunk_extra_s: what a step with a chunk costs beyond a decode-only one, seconds: the
-            median of the latest `CHUNK_WINDOW` observations (None until seen).
+        decode_step_s: a decode-only step's wall time, seconds: the median of the latest
+            `DECODE_WINDOW` steps with no chunk in the pipeline (None until one is seen: no
+            pacing before).
+        chunk_extra_s: what a chunk costs beyond the decode-only steps, seconds, over the
+            latest `CHUNK_WINDOW` steps that decoded (None until a chunk ran beside decoding).
         num_held: steps in which a waiting chunk was held back, all time.
     """
 
@@ -54,7 +57,8 @@ class PrefillPacer:
         self.decode_step_s: float | None = None
         self.chunk_extra_s: float | None = None
         self.num_held = 0
-        self._extras: deque[float] = deque(maxlen=CHUNK_WINDOW)
+        self._decode_steps: deque[float] = deque(maxlen=DECODE_WINDOW)
+        self._recent: deque[tuple[float, bool]] = deque(maxlen=CHUNK_WINDOW)  # (wall s, chunk queued)
         self._debt = 0.0  # seconds over budget in this contention episode (<= 0: may run a chunk)
         self._last: float | None = None  # start of the previous step
         self._last_decoding = False
@@ -105,13 +109,18 @@ class PrefillPacer:
         return ok
 
     def _observe(self, dt: float) -> None:
-        """Fold the previous step's wall time into the averages: a decode-only step when no chunk
-        ran in the last pipeline-depth steps before it, a chunk's cost when one ran exactly
-        pipeline-depth steps before it."""
+        """Fold the previous step's wall time in: a decode-only step when no chunk ran in the
+        pipeline-depth steps before it; and into the window a chunk's extra cost is read from."""
         chunks = list(self._chunks)  # oldest first; chunks[-1] = the step that just ended
         if not any(chunks):
-            self.decode_step_s = dt if self.decode_step_s is None else (
-                (1 - EMA_ALPHA) * self.decode_step_s + EMA_ALPHA * dt)
-        elif chunks[0] and self.decode_step_s is not None:
-            self._extras.append(max(0.0, dt - self.decode_step_s))
-            self.chunk_extra_s = statistics.median(self._extras)
+            self._decode_steps.append(dt)
+            self.decode_step_s = statistics.median(self._decode_steps)
+        self._recent.append((dt, chunks[-1]))
+        # The window's chunks against the steps their costs land in, pipeline-depth steps later
+        # (a step that syncs early shows a cost sooner; over the window that evens out).
+        recent = list(self._recent)
+        times, flags = recent[PIPELINE_DEPTH:], recent[:-PIPELINE_DEPTH]
+        n_chunks = sum(c for _, c in flags)
+        if n_chunks and self.decode_step_s is not None:
+            extra = sum(t for t, _ in times) - len(times) * self.decode_step_s
+            self.chunk_extra_s = max(0.0, extra) / n_chunks

@@ -89,6 +89,9 @@ def test_max_tpot_slowdown_defaults_to_2_is_set_by_any_source_and_checked(tmp_pa
             load_config({"max_tpot_slowdown": bad}, {}, None)
     with pytest.raises(InvalidRequestError, match="bad value for max_tpot_slowdown"):
         load_config({}, {"OMLX_MAX_TPOT_SLOWDOWN": "fast"}, None)
+    f.write_text("max_tpot_slowdown = true\n")  # would be 1.0, pacing off, silently
+    with pytest.raises(InvalidRequestError, match="bad value for max_tpot_slowdown: True"):
+        load_config({}, {}, f)
 
 
 def test_test_park_comes_from_the_environment_only_and_is_off_by_default():

@@ -14,21 +14,24 @@ from omlx.engine.pacing import PrefillPacer
 D = 0.004  # a decode-only step, seconds
 
 
-def simulate(max_slowdown: float, chunk_costs: list[float], *, warm: int = 30):
-    """Decode alone for ``warm`` steps, then with ``chunk_costs`` waiting; returns the step
-    walls from the first waiting step until the last chunk's cost has landed, and the pacer."""
+def simulate(max_slowdown: float, chunk_costs: list[float], *, warm: int = 30, lag: int = 2,
+             first_step: float = D):
+    """Decode alone for ``warm`` steps (the first of them ``first_step`` long), then with
+    ``chunk_costs`` waiting; a chunk's cost lands ``lag`` steps after it is queued (2: the
+    pipeline; 0: something synced the host in that step). Returns the step walls from the
+    first waiting step until the last chunk's cost has landed, and the pacer."""
     t = [0.0]
     pacer = PrefillPacer(max_slowdown, clock=lambda: t[0])
-    for _ in range(warm):
+    for i in range(warm):
         assert pacer.allow(decoding=True, waiting=False)
-        t[0] += D
+        t[0] += first_step if i == 0 else D
     queued = [0.0, 0.0]
     pending = list(chunk_costs)
     walls: list[float] = []
     while pending or any(queued[-2:]):
         ok = pacer.allow(decoding=True, waiting=bool(pending))
         queued.append(pending.pop(0) if ok and pending else 0.0)
-        wall = D + queued[-3]
+        wall = D + queued[-1 - lag]
         t[0] += wall
         walls.append(wall)
         assert len(walls) < 10_000
@@ -80,3 +83,19 @@ def test_decode_step_time_is_learned_from_chunk_free_steps_only():
     walls, pacer = simulate(2.0, [0.05] * 3)
     assert pacer.decode_step_s == pytest.approx(D)
     assert pacer.chunk_extra_s == pytest.approx(0.05, rel=0.05)
+
+
+def test_a_slow_first_decode_step_does_not_loosen_the_budget():
+    # The first step after a prefill took ~950 ms on 2 CPU cores against 60-80 ms later: an
+    # average that starts there stayed 1.5-2x too high for dozens of steps (a new user's run).
+    walls, pacer = simulate(2.0, [0.02] * 6, warm=10, first_step=0.95)
+    assert pacer.decode_step_s == pytest.approx(D)
+    assert sum(walls) / len(walls) <= 2.0 * D * 1.02
+
+
+def test_a_cost_that_lands_in_the_chunks_own_step_is_still_counted():
+    # The prefix cache's block copies sync the host in the step after a chunk: its cost shows
+    # at once, not two steps later. The bound still holds, a bit more loosely.
+    walls, pacer = simulate(2.0, [0.02] * 8, lag=0)
+    assert pacer.num_held > 0 and pacer.chunk_extra_s > 0.01
+    assert sum(walls) / len(walls) <= 2.0 * D * 1.15
