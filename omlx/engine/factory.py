@@ -20,6 +20,7 @@ from omlx.config import ModelSettings, ServerConfig
 from omlx.engine.encoder import EncoderEngine, LoadedEncoder
 from omlx.engine.engine import Engine
 from omlx.engine.loader import LoadedModel
+from omlx.kernels.status import gpu_backend
 
 if TYPE_CHECKING:
     from omlx.request import Request
@@ -119,7 +120,7 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
                     measure_steps=config.prefill_step_size is None,
                     prefill_step_size=config.prefill_step_size or 2048,
                     max_tpot_slowdown=config.max_tpot_slowdown,
-                    pad_shapes=_on_cuda(),
+                    pad_shapes=gpu_backend() == "cuda",
                     num_draft_tokens=config.lookup_draft_tokens,
                     make_cache=spec.make_cache if spec and spec.kv_quantization else None)
     if config.prefill_step_size:
@@ -272,9 +273,3 @@ def dialect_think_markers(dialect: str) -> tuple[str, str] | None:
         return get_dialect(dialect).think_markers
     except ValueError:
         return None
-
-
-def _on_cuda() -> bool:
-    """MLX runs this process's models on a CUDA GPU (shape padding pays there: `BatchRunner`)."""
-    cuda = getattr(mx, "cuda", None)  # mlx builds without the CUDA backend may lack the module
-    return mx.default_device() != mx.cpu and cuda is not None and bool(cuda.is_available())

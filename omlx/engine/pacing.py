@@ -80,13 +80,15 @@ class PrefillPacer:
             True when the step may run the waiting chunk (always when nothing decodes, nothing
             waits or pacing is off).
         """
+        if not self.enabled:
+            return True  # nothing to measure for: no clock read or window work per step
         now = self.clock()
         dt = None if self._last is None or not self._last_decoding else now - self._last
         if dt is not None:
             self._observe(dt)
         contended = decoding and waiting
         ok = True
-        if self.enabled and contended and self.decode_step_s is not None:
+        if contended and self.decode_step_s is not None:
             budget = self.max_slowdown * self.decode_step_s
             # What one chunk costs the budget: its extra time beyond the slack of its own step.
             charge = max(0.0, (self.chunk_extra_s or 0.0) - (budget - self.decode_step_s))

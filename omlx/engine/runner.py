@@ -462,9 +462,14 @@ class BatchRunner:
         return self.mixed_step_size if (self._rows or self._joining) else self.prefill_step_size
 
     @staticmethod
-    def _batchable(s: _Seq) -> bool:
+    def _plain_kv(s: _Seq) -> bool:
+        """Every layer of ``s`` is a plain ``KVCache`` (trimmed exactly, batched by padding)."""
+        return all(type(c) is KVCache for c in s.cache)
+
+    @classmethod
+    def _batchable(cls, s: _Seq) -> bool:
         """A fresh sequence (no cached prefix) over plain ``KVCache`` layers only."""
-        return not s.tokens and all(type(c) is KVCache for c in s.cache)
+        return not s.tokens and cls._plain_kv(s)
 
     def _prefill_group(self, step: int) -> list[_Seq]:
         """The head of the prefill queue and the batchable sequences right behind it whose
@@ -541,7 +546,7 @@ class BatchRunner:
             mx.async_eval([c.state for c in s.cache])
             self._report(s, len(s.tokens))
             return [PromptResponse(s.uid, (done, s.num_prompt), False)]
-        pad = padded_length(n) - n if self.pad_shapes and all(type(c) is KVCache for c in s.cache) else 0
+        pad = padded_length(n) - n if self.pad_shapes and self._plain_kv(s) else 0
         if pad:
             x = mx.concatenate([x, mx.zeros((1, pad), dtype=mx.uint32)], axis=1)
             self.num_pad_tokens += pad
