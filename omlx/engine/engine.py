@@ -28,6 +28,7 @@ import mlx.core as mx
 from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import greedy_sampler
 
+from omlx.cache.paged import common_prefix_len
 from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor
 from omlx.engine.grammar import GrammarMatcher, Grammars
 from omlx.engine.output import OutputState, token_bytes
@@ -215,6 +216,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._gen: BatchRunner | None = None
         self._ready: list[tuple[Request, Sink]] = []  # admitted, waiting for the runner's prefill
+        self._common: dict[tuple[str, str], int] = {}  # (ready, prefilling) request ids -> shared tokens
         self._by_uid: dict[int, _Running] = {}
         self._by_rid: dict[str, _Running] = {}
         self._faults: dict[str, Exception] = {}  # request id -> its attributed exception, this step
@@ -558,39 +560,51 @@ class Engine:
                 self.scheduler.finish(req.request_id, RequestStatus.ABORTED)
                 continue
             self._ready.append((req, sink))
-        # A request's prefix lookup waits until the runner has no other prefill: one that
-        # shares a prefix with the request ahead of it then hits the blocks just computed
-        # (8 agents started at once on one system prompt prefill it once). Short prompts that
-        # share no block with those prefilling join them in one batched prefill instead.
-        while self._ready and self._gen is not None and (self._gen.num_prefilling == 0
-                                                        or self._joins_prefill_batch(self._ready[0][0])):
+        # A request whose prompt shares blocks that a request prefilling now is still computing
+        # waits until they are in the cache (8 agents started at once on one system prompt
+        # prefill it once; a retry of an abandoned prompt takes what its first try computed);
+        # every other one starts now, behind nothing: the runner puts a prompt that fits one
+        # chunk ahead of a long one (`BatchRunner`'s prefill order), so a short turn on a
+        # cached conversation is not held up by another client's long first prompt.
+        if self._ready and self._gen is not None:
             flush = getattr(self._gen, "flush_reports", None)
             if flush is not None:
-                flush()
-            req, sink = self._ready.pop(0)
-            try:
-                self._insert(req, sink)
-            except Exception as e:
-                logger.exception("could not start request %s", req.request_id)
-                self.scheduler.finish(req.request_id, RequestStatus.FAILED)
-                # A lost pipeline (cluster mode) stays a 503 cluster_unavailable, not a 500.
-                err = e if isinstance(e, ClusterUnavailableError) else EngineError(f"could not start generation: {e}")
-                sink(Failed(err))
+                flush()  # every block computed so far is in the cache before the lookups
+            waiting: list[tuple[Request, Sink]] = []
+            for req, sink in self._ready:
+                if self._waits_for_blocks(req):
+                    waiting.append((req, sink))
+                    continue
+                try:
+                    self._insert(req, sink)
+                except Exception as e:
+                    logger.exception("could not start request %s", req.request_id)
+                    self.scheduler.finish(req.request_id, RequestStatus.FAILED)
+                    # A lost pipeline (cluster mode) stays a 503 cluster_unavailable, not a 500.
+                    err = e if isinstance(e, ClusterUnavailableError) else EngineError(f"could not start generation: {e}")
+                    sink(Failed(err))
+            self._ready = waiting
+        if not self._ready:
+            self._common.clear()
 
-    def _joins_prefill_batch(self, req: Request) -> bool:
-        """Whether ``req`` may be inserted while other prompts prefill: the runner can prefill
-        it in one forward pass with them (`BatchRunner.prefill_batch_room`), and its first
-        block differs from each of theirs, so it could not hit a block they are computing
-        (blocks are chained from the first, so a prompt whose first block differs shares
-        none)."""
-        room = getattr(self._gen, "prefill_batch_room", None)
+    def _waits_for_blocks(self, req: Request) -> bool:
+        """Whether ``req`` would hit more of the prefix cache by waiting: a request prefilling
+        now shares with ``req`` a full block that is not in the cache yet (past its cached
+        prefix and, where blocks are cached as chunks finish, past its prefilled chunks)."""
         ids = req.prompt_token_ids
-        if room is None or not room(len(ids)):
-            return False
-        head = ids[: self.block_size]
-        return not any(st.first_token_s is None and st.uid >= 0
-                       and st.request.prompt_token_ids[: self.block_size] == head
-                       for st in self._by_rid.values())
+        bs = self.block_size
+        early = self._caches_blocks_early()
+        for st in self._by_rid.values():
+            if st.first_token_s is not None or st.uid < 0 or st.lease is None:
+                continue  # decoding, a whole-prompt hit, or caching nothing (after a batch retry)
+            key = (req.request_id, st.request.request_id)
+            common = self._common.get(key)
+            if common is None:
+                common = self._common[key] = common_prefix_len(ids, st.request.prompt_token_ids) // bs * bs
+            covered = st.num_cached_tokens + (st.num_insert_prefilled if early else 0)
+            if common > covered // bs * bs:
+                return True
+        return False
 
     def _take_ready(self, request_id: str) -> tuple[Request, Sink] | None:
         for i, (req, sink) in enumerate(self._ready):

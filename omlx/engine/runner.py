@@ -4,8 +4,10 @@ One `BatchRunner` per engine, driven by the engine thread (MLX belongs to that t
 the sequences' KV caches (mlx-lm's cache classes) and turns a call of `next()` into at most one
 batched decode step plus at most one prefill chunk:
 
-- **Prefill** runs one sequence at a time (FIFO) in chunks into that sequence's own batch-1
-  caches (``make_prompt_cache``), except that fresh short prompts queued together (no cached
+- **Prefill** runs one sequence at a time in chunks into that sequence's own batch-1 caches
+  (``make_prompt_cache``), in arrival order except that a sequence whose rest fits one chunk
+  goes ahead of a longer one (a long head still runs a chunk in every round, `_short_first`),
+  and except that fresh short prompts queued together (no cached
   prefix, every layer a plain ``KVCache``, each whole prompt within one chunk) are prefilled
   in one left-padded forward pass over ``BatchKVCache`` (as mlx-lm's ``BatchGenerator``
   prefills), which joins the decode batch as it is. The last chunk includes the prompt's last token, so its
@@ -259,6 +261,9 @@ class BatchRunner:
         self._default_stops = StopSequences(list(stop_tokens) or None)
         self._next_uid = 0
         self._prefill: deque[_Seq] = deque()
+        # A long prompt that short ones were just moved ahead of: it runs the next chunk after
+        # theirs before any other short one may pass it again (see `_short_first`).
+        self._passed: _Seq | None = None
         self._joining: list[_Joining] = []
         self._rows: list[_Seq] = []  # the decode batch, in row order
         self._cache: list[Any] = []  # its caches: the one row's own, or merged (BatchKVCache...)
@@ -285,18 +290,6 @@ class BatchRunner:
 
     def __len__(self) -> int:
         return len(self._prefill) + sum(len(j.seqs) for j in self._joining) + len(self._rows)
-
-    def prefill_batch_room(self, num_tokens: int) -> bool:
-        """Whether a fresh prompt of ``num_tokens`` inserted now could be prefilled in one
-        forward pass together with every sequence prefilling now (see `_prefill_group`); an
-        engine uses it to admit several short prompts in one step. False with none prefilling
-        (nothing to batch with) or any of them not batchable."""
-        step = self._chunk_size()
-        group = self._prefill_group(step)
-        if not group or len(group) < len(self._prefill):
-            return False
-        longest = max(num_tokens, *(len(s.pending) for s in group))
-        return (len(group) + 1) * longest <= step
 
     def insert_segments(
         self,
@@ -517,8 +510,29 @@ class BatchRunner:
         self._joining.append(_Joining(group, cache, y, lp, batched=True))
         return out
 
+    def _short_first(self, step: int) -> None:
+        """Order the prefill queue: sequences whose rest fits one chunk of ``step`` tokens go
+        ahead of a longer head (in their arrival order, the long ones keep theirs), so a
+        short prompt (a new turn on a cached conversation) waits at most one chunk instead of
+        a whole long prefill. A long head that was passed runs its next chunk before any
+        sequence may pass it again: with short prompts arriving without end, a long one still
+        gets a chunk in every round."""
+        if self._passed is not None:
+            if any(s is self._passed for s in self._prefill):
+                return  # the shorts moved ahead of it have not all run yet, or it runs now
+            self._passed = None  # removed meanwhile
+        head = self._prefill[0]
+        if len(head.pending) <= step or all(len(s.pending) > step for s in self._prefill):
+            return
+        short = [s for s in self._prefill if len(s.pending) <= step]
+        self._prefill = deque(short + [s for s in self._prefill if len(s.pending) > step])
+        self._passed = head
+
     def _prefill_chunk(self) -> list[PromptResponse]:
         step = self._chunk_size()
+        self._short_first(step)
+        if self._prefill[0] is self._passed:
+            self._passed = None  # it runs now: shorts may pass it again from the next chunk
         group = self._prefill_group(step)
         if len(group) > 1:
             return self._prefill_batch(group)

@@ -377,12 +377,20 @@ def test_a_prompt_with_a_cached_prefix_or_over_the_budget_is_not_batched(model):
     cache = make_prompt_cache(model)
     model(mx.array([prefix]), cache=cache)
     runner.insert_segments([[a]], max_tokens=[2], caches=[cache], all_tokens=[prefix])
-    assert not runner.prefill_batch_room(5)  # the queued one holds a cached prefix
     runner.insert_segments([[b]], max_tokens=[2])
     runner.next()
     assert runner.num_prefilling == 1  # the hit prefilled alone
-    assert not runner.prefill_batch_room(65)  # 2 x 65 padded tokens > 128
-    assert runner.prefill_batch_room(64)
+    runner.next()
+    assert runner.num_prefilling == 0
+    c, d = prompts([65, 65], seed=10)
+    runner.insert_segments([[c], [d]], max_tokens=[2, 2])
+    runner.next()
+    assert runner.num_prefilling == 1  # 2 x 65 padded tokens > 128: one at a time
+    e, f = prompts([64, 64], seed=11)
+    runner.insert_segments([[e], [f]], max_tokens=[2, 2])
+    runner.next()  # the second 65 alone
+    runner.next()
+    assert runner.num_prefilling == 0  # 2 x 64 <= 128: in one pass
 
 
 def test_the_engine_admits_short_distinct_prompts_into_one_prefill_and_shared_ones_one_by_one(model, tokenizer):
@@ -419,6 +427,80 @@ def test_the_engine_admits_short_distinct_prompts_into_one_prefill_and_shared_on
         assert _usage(evs[1]).num_cached_tokens == 32
         for t, e in zip(tails, evs):
             assert _tokens(e) == reference(model, shared + t, 6, eos)
+    finally:
+        eng.stop()
+
+
+def _first_token_steps(runner: BatchRunner, schedule: dict[int, list[tuple[str, list[int]]]],
+                       max_tokens: int) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Drive ``runner`` like `drive`; return the step at which each name's first token came
+    out, and its tokens."""
+    uid_of: dict[int, str] = {}
+    first: dict[str, int] = {}
+    got: dict[str, list[int]] = {}
+    step = 0
+    while step <= max(schedule) or len(runner):
+        for name, prompt in schedule.get(step, []):
+            (uid,) = runner.insert_segments([[prompt]], max_tokens=[max_tokens])
+            uid_of[uid], got[name] = name, []
+        for r in runner.next()[1]:
+            first.setdefault(uid_of[r.uid], step)
+            got[uid_of[r.uid]].append(r.token)
+        step += 1
+        assert step < 2000
+    return first, got
+
+
+def test_a_short_prompt_goes_ahead_of_a_long_prefill_and_every_token_stays_exact(model):
+    """A 700-token prompt prefills in 32-token chunks beside a decoding row; a 20-token prompt
+    arriving after its first chunk gets its first token within a few steps, not after the
+    long prompt's 20 remaining chunks (FIFO order would put it there)."""
+    p = prompts([6, 700, 20], seed=31)
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, mixed_step_size=32, block_size=32)
+    first, got = _first_token_steps(runner, {0: [("a", p[0])], 2: [("long", p[1])], 4: [("short", p[2])]}, 30)
+    assert first["short"] <= 7, first
+    assert first["long"] > first["short"] + 15, first
+    for name, prompt in zip(["a", "long", "short"], p):
+        assert got[name] == reference(model, prompt, 30), name
+
+
+def test_short_prompts_arriving_without_end_still_leave_the_long_prefill_a_chunk_every_round(model):
+    """A new short prompt every step: the long one is passed by each batch of shorts that
+    arrived before its next chunk, then runs that chunk, so it finishes within about twice its
+    chunk count (never starved) and every stream stays exact."""
+    p = prompts([5, 320] + [7] * 24, seed=32)
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=64, mixed_step_size=32, block_size=32)
+    schedule = {0: [("a", p[0])], 1: [("long", p[1])]}
+    for i, x in enumerate(p[2:]):
+        schedule.setdefault(2 + i, []).append((f"s{i}", x))
+    first, got = _first_token_steps(runner, schedule, 4)
+    assert first["long"] <= 1 + 2 * (320 // 32) + 4, first["long"]  # 10 chunks, passed at most once each
+    assert max(first[f"s{i}"] - (2 + i) for i in range(24)) <= 4, first
+    for name, prompt in [("a", p[0]), ("long", p[1])] + [(f"s{i}", x) for i, x in enumerate(p[2:])]:
+        assert got[name] == reference(model, prompt, 4), name
+
+
+def test_the_engine_starts_a_short_turn_during_a_long_prefill_and_a_sharer_once_its_blocks_are_cached(model, tokenizer):
+    """Head-of-line blocking (a fresh user's 8 cached agents stalled 35-41 s behind two long
+    first prompts): a turn on a cached conversation starts while another client's 900-token
+    prompt prefills and gets its first token before it; a prompt sharing the long one's first
+    64 tokens waits only until those blocks are cached, hits them, and also comes out first."""
+    from omlx.request import Request, SamplingParams
+
+    eos = frozenset(tokenizer.eos_token_ids)
+    sp = SamplingParams(max_tokens=4, temperature=0.0)
+    eng = _engine(model, tokenizer, cache=True, block_size=16)
+    try:
+        convo, long_p, tail, tail2 = prompts([60, 900, 5, 7], seed=41)
+        _run_all(eng, [Request("tiny", convo, sp)])
+        turn, sharer = convo + tail, long_p[:64] + tail2
+        evs = _run_all(eng, [Request("tiny", long_p, sp), Request("tiny", turn, sp), Request("tiny", sharer, sp)])
+        first = [_usage(e).ttft_s for e in evs]
+        assert first[1] < first[0] and first[2] < first[0], first
+        assert _usage(evs[1]).num_cached_tokens >= 48
+        assert _usage(evs[2]).num_cached_tokens == 64  # the long prompt's blocks, computed for it
+        for x, e in zip([long_p, turn, sharer], evs):
+            assert _tokens(e) == reference(model, x, 4, eos)
     finally:
         eng.stop()
 
