@@ -439,7 +439,14 @@ class BatchRunner:
                 logits = self.model(y_in[:, None], cache=self._cache)[:, -1, :]
                 self._y, self._lp = _sample(self._rows, logits, y_in, self.grammars)
                 mx.async_eval(self._y, self._lp)
-            paced = self.pacer.allow(decoding=y_in is not None, waiting=bool(self._prefill))
+            whole = False
+            if self._prefill:
+                step = self._chunk_size()
+                self._short_first(step)
+                head = self._prefill[0]  # its next chunk is all of its prompt (a short one):
+                whole = (len(head.pending) == head.num_prompt
+                         and self._chunk_end(head, step) == len(head.tokens) + len(head.pending))
+            paced = self.pacer.allow(decoding=y_in is not None, waiting=bool(self._prefill), whole_prompt=whole)
             prompt_resps = self._prefill_chunk() if self._prefill and paced else []
             if gen_resps is None:
                 gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
@@ -528,6 +535,20 @@ class BatchRunner:
         self._prefill = deque(short + [s for s in self._prefill if len(s.pending) > step])
         self._passed = head
 
+    def _chunk_end(self, s: _Seq, step: int) -> int:
+        """Where the next chunk of ``s`` ends (a token position): at an absolute multiple of
+        the chunk size ``step``, so cuts do not depend on a hit; a first piece shorter than half
+        a chunk (after a hit) joins the next chunk instead of paying a forward pass's fixed
+        cost of its own; at the prompt's end at the latest."""
+        pos = len(s.tokens)
+        end = (pos // step + 1) * step
+        if end - pos < step // 2:
+            end += step
+        last = pos + len(s.pending)
+        if end >= last and self.hold_last_token and len(s.pending) > 1:
+            end = last - 1  # the last token runs alone in the next chunk
+        return min(last, end)
+
     def _prefill_chunk(self) -> list[PromptResponse]:
         step = self._chunk_size()
         self._short_first(step)
@@ -538,17 +559,7 @@ class BatchRunner:
             return self._prefill_batch(group)
         s = self._prefill[0]
         pos = len(s.tokens)
-        # End at an absolute multiple of the chunk size, so cuts do not depend on a hit; a first
-        # piece shorter than half a chunk (after a hit) joins the next chunk instead of paying
-        # a forward pass's fixed cost of its own.
-        end = (pos // step + 1) * step
-        if end - pos < step // 2:
-            end += step
-        last = pos + len(s.pending)
-        if end >= last and self.hold_last_token and len(s.pending) > 1:
-            end = last - 1  # the last token runs alone in the next chunk
-        end = min(last, end)
-        n = end - pos
+        n = self._chunk_end(s, step) - pos
         chunk, s.pending = s.pending[:n], s.pending[n:]
         s.tokens.extend(chunk)
         x = mx.array(chunk, dtype=mx.uint32)[None]

@@ -526,6 +526,30 @@ def test_paced_prefill_beside_a_decoding_row_is_held_back_and_stays_exact(model)
     assert runner.pacer.num_held > 10
 
 
+def test_with_pacing_a_short_prompt_is_not_held_behind_a_long_prefills_debt(model):
+    """Pacing on, a fake clock charging 1 ms per prefilled token against a 4 ms decode step:
+    a 20-token prompt (one chunk) arriving while a 400-token one is held between its chunks
+    gets its first token within a few steps (its one chunk is never held, and goes ahead of
+    the long one's next), and every token equals generate_step's."""
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=64, mixed_step_size=32, block_size=32,
+                         max_tpot_slowdown=2.0)
+    t, seen = [0.0], [0]
+
+    def clock() -> float:
+        t[0] += 0.004 + 0.001 * (runner.num_prefill_tokens - seen[0])
+        seen[0] = runner.num_prefill_tokens
+        return t[0]
+
+    runner.pacer.clock = clock
+    p = prompts([5, 400, 20], seed=41)
+    first, got = _first_token_steps(runner, {0: [("a", p[0])], 20: [("long", p[1])], 40: [("short", p[2])]}, 80)
+    assert runner.pacer.num_held > 10  # the long prefill was paced...
+    assert first["short"] <= 40 + 4, first  # ...the short prompt was not
+    assert first["long"] > first["short"], first
+    for name, prompt in zip(["a", "long", "short"], p):
+        assert got[name] == reference(model, prompt, 80), name
+
+
 def test_padded_lengths_repeat_and_waste_little():
     from omlx.engine.runner import padded_length
 
