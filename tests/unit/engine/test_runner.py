@@ -505,10 +505,9 @@ def test_the_engine_starts_a_short_turn_during_a_long_prefill_and_a_sharer_once_
         eng.stop()
 
 
-def test_paced_prefill_beside_a_decoding_row_is_held_back_and_stays_exact(model):
-    """With pacing on, a long prompt arriving mid-decode waits between its chunks (a fake
-    clock makes each chunk cost 1 ms per token against a 4 ms decode step) and every token
-    still equals generate_step's."""
+def _paced_runner(model) -> BatchRunner:
+    """A runner with pacing on (2x) and a fake clock: each step costs 4 ms of decode plus 1 ms
+    per token prefilled since the last clock read."""
     runner = BatchRunner(model, stop_tokens=[], prefill_step_size=64, mixed_step_size=32, block_size=32,
                          max_tpot_slowdown=2.0)
     t, seen = [0.0], [0]
@@ -519,6 +518,14 @@ def test_paced_prefill_beside_a_decoding_row_is_held_back_and_stays_exact(model)
         return t[0]
 
     runner.pacer.clock = clock
+    return runner
+
+
+def test_paced_prefill_beside_a_decoding_row_is_held_back_and_stays_exact(model):
+    """With pacing on, a long prompt arriving mid-decode waits between its chunks (a fake
+    clock makes each chunk cost 1 ms per token against a 4 ms decode step) and every token
+    still equals generate_step's."""
+    runner = _paced_runner(model)
     p = prompts([5, 200], seed=7)
     got = drive(runner, {0: [("a", p[0])], 20: [("b", p[1])]}, max_tokens=60)
     assert got["a"] == reference(model, p[0], 60)
@@ -531,16 +538,7 @@ def test_with_pacing_a_short_prompt_is_not_held_behind_a_long_prefills_debt(mode
     a 20-token prompt (one chunk) arriving while a 400-token one is held between its chunks
     gets its first token within a few steps (its one chunk is never held, and goes ahead of
     the long one's next), and every token equals generate_step's."""
-    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=64, mixed_step_size=32, block_size=32,
-                         max_tpot_slowdown=2.0)
-    t, seen = [0.0], [0]
-
-    def clock() -> float:
-        t[0] += 0.004 + 0.001 * (runner.num_prefill_tokens - seen[0])
-        seen[0] = runner.num_prefill_tokens
-        return t[0]
-
-    runner.pacer.clock = clock
+    runner = _paced_runner(model)
     p = prompts([5, 400, 20], seed=41)
     first, got = _first_token_steps(runner, {0: [("a", p[0])], 20: [("long", p[1])], 40: [("short", p[2])]}, 80)
     assert runner.pacer.num_held > 10  # the long prefill was paced...
