@@ -267,8 +267,11 @@ def test_logs_tail_and_follow(tmp_path):
     assert r.returncode == 0 and r.stdout == "line 7\nline 8\nline 9\n", r.stdout
     r = omlx("logs", "--base-path", str(tmp_path), "--port", "8994", "-n", "0")
     assert r.returncode == 0 and r.stdout == "", r.stdout
+    # A terminal's Ctrl-C: SIGINT at its default in the child even where this test runs with it
+    # ignored (a background job of a non-interactive shell ignores it, and exec keeps that).
     p = subprocess.Popen([PY, "-m", "omlx", "logs", "--base-path", str(tmp_path), "--port", "8994", "-n", "1", "-f"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def readline(timeout_s: float = 60) -> str:
         ready, _, _ = select.select([p.stdout], [], [], timeout_s)
