@@ -491,7 +491,11 @@ def load_config(
     """
     env = os.environ if env is None else env
     flags = {k: v for k, v in (flags or {}).items() if v is not None and v != ()}
-    env_vals = {_ENV_KEYS[k]: v for k, v in env.items() if k in _ENV_KEYS and v != ""}
+    env_vals: dict[str, str] = {}
+    env_names: dict[str, str] = {}  # setting -> the variable it came from (for errors)
+    for k, v in env.items():
+        if k in _ENV_KEYS and v != "":
+            env_vals[_ENV_KEYS[k]], env_names[_ENV_KEYS[k]] = v, k
 
     base_path = flags.get("base_path") or env_vals.get("base_path") or DEFAULT_BASE_PATH
     path = config_file or env.get("OMLX_CONFIG")
@@ -506,9 +510,11 @@ def load_config(
             raise InvalidRequestError(f"cannot read config file {path}: {e}") from e
 
     merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}  # setting -> where its value came from (for errors)
     aliases: dict[str, Any] = {}
-    for source in (file_vals, env_vals, flags):
+    for source, where in ((file_vals, f"config file {path}"), (env_vals, None), (flags, "the command line")):
         merged.update(source)
+        origin.update({k: where or f"environment variable {env_names[k]}" for k in source})
         if isinstance(source.get("aliases"), Mapping):
             aliases.update(source["aliases"])
     if aliases:
@@ -550,7 +556,7 @@ def load_config(
             else:
                 raise InvalidRequestError(f"unknown setting {key!r}")
         except (TypeError, ValueError) as e:
-            raise InvalidRequestError(f"bad value for {key}: {value!r} ({e})") from e
+            raise InvalidRequestError(f"bad value for {key}: {value!r} ({e}), from {origin[key]}") from e
     cfg = ServerConfig(**cfg_kwargs)
     if cache_kwargs:
         cfg = replace(cfg, cache=replace(cfg.cache, **cache_kwargs))

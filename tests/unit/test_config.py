@@ -87,11 +87,13 @@ def test_max_tpot_slowdown_defaults_to_2_is_set_by_any_source_and_checked(tmp_pa
     for bad in (-1, float("nan"), float("inf")):
         with pytest.raises(InvalidRequestError, match="max_tpot_slowdown must be a number >= 0"):
             load_config({"max_tpot_slowdown": bad}, {}, None)
-    with pytest.raises(InvalidRequestError, match="bad value for max_tpot_slowdown"):
+    with pytest.raises(InvalidRequestError, match="bad value for max_tpot_slowdown.*from environment variable OMLX_MAX_TPOT_SLOWDOWN$"):
         load_config({}, {"OMLX_MAX_TPOT_SLOWDOWN": "fast"}, None)
     f.write_text("max_tpot_slowdown = true\n")  # would be 1.0, pacing off, silently
-    with pytest.raises(InvalidRequestError, match="bad value for max_tpot_slowdown: True"):
+    with pytest.raises(InvalidRequestError, match=f"bad value for max_tpot_slowdown: True.*from config file {f}$"):
         load_config({}, {}, f)
+    with pytest.raises(InvalidRequestError, match="bad value for max_tpot_slowdown: 'x'.*from the command line$"):
+        load_config({"max_tpot_slowdown": "x"}, {"OMLX_MAX_TPOT_SLOWDOWN": "fast"}, f)
 
 
 def test_test_park_comes_from_the_environment_only_and_is_off_by_default():
