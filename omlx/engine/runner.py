@@ -447,7 +447,7 @@ class BatchRunner:
                 whole = (len(head.pending) == head.num_prompt
                          and self._chunk_end(head, step) == len(head.tokens) + len(head.pending))
             paced = self.pacer.allow(decoding=y_in is not None, waiting=bool(self._prefill), whole_prompt=whole)
-            prompt_resps = self._prefill_chunk() if self._prefill and paced else []
+            prompt_resps = self._prefill_chunk(step) if self._prefill and paced else []
             if gen_resps is None:
                 gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
             self._run_reports(reports)
@@ -549,9 +549,9 @@ class BatchRunner:
             end = last - 1  # the last token runs alone in the next chunk
         return min(last, end)
 
-    def _prefill_chunk(self) -> list[PromptResponse]:
-        step = self._chunk_size()
-        self._short_first(step)
+    def _prefill_chunk(self, step: int) -> list[PromptResponse]:
+        """Run the next chunk of ``step`` tokens at most, of the queue's head (already ordered
+        by `_short_first` this step) or of a batch of fresh short prompts behind it."""
         if self._prefill[0] is self._passed:
             self._passed = None  # it runs now: shorts may pass it again from the next chunk
         group = self._prefill_group(step)
