@@ -64,8 +64,8 @@ class Omlx < Formula
   end
 
   resource "filelock" do
-    url "https://files.pythonhosted.org/packages/e6/86/a5b9ec254b90efb180e390e31a4fa50a93b714d6e4174fa9a4ee25607159/filelock-4.3.1.tar.gz"
-    sha256 "4c5ee627c401f1863ac6a0de9a14a28d3bb5f8c730b45e2fd6e5dbc79cf34b9e"
+    url "https://files.pythonhosted.org/packages/b2/de/99f4266dc2b97503fe35af46d4bf54ea4d434bc322992103145c9de7da95/filelock-4.3.2.tar.gz"
+    sha256 "4f0a21c70447782453c06bb20a9863ee385ead1abaef22049af79289496851b3"
   end
 
   resource "fsspec" do
@@ -99,8 +99,8 @@ class Omlx < Formula
   end
 
   resource "httpcore2" do
-    url "https://files.pythonhosted.org/packages/92/9d/df40b41f7db0370f82019820709244e7b660c52aa3da3c9e5c4e8141f6e6/httpcore2-2.16.2.tar.gz"
-    sha256 "6c519d0f7b44f7269fa9bbb4d2763db395a4a2370f046d8e8e0a4b38227815d2"
+    url "https://files.pythonhosted.org/packages/ae/c2/5ceabefc58023fb8d40d16f35e389d6ce1f0641e07852e20b10a17723ada/httpcore2-2.17.0.tar.gz"
+    sha256 "cf652b1f8e892ada4ab189b395c444ca3afbea4cb9a05f9a8359431228c0d040"
   end
 
   resource "httptools" do
@@ -113,9 +113,14 @@ class Omlx < Formula
     sha256 "700928ee6c1f4213795e67c47eba8f8553639069fea89199f71d654e38edc593"
   end
 
+  resource "httpx-sse" do
+    url "https://files.pythonhosted.org/packages/0f/4c/751061ffa58615a32c31b2d82e8482be8dd4a89154f003147acee90f2be9/httpx_sse-0.4.3.tar.gz"
+    sha256 "9b1ed0127459a66014aec3c56bebd93da3c1bc8bb6618c8082039a44889a755d"
+  end
+
   resource "httpx2" do
-    url "https://files.pythonhosted.org/packages/1c/77/6515121dc5ac3c743ad1bff5afe635bcd1a3f23cc40db3c5c89f7d02917d/httpx2-2.16.2.tar.gz"
-    sha256 "748b615678f07d8e3b183efe81ad13b655ca88bfc56ce4589219b2d442860574"
+    url "https://files.pythonhosted.org/packages/65/39/26097287d6ff579ce0e74e5d2e0559bc38cbfe193aa6b816d922ae8ec4c2/httpx2-2.17.0.tar.gz"
+    sha256 "807d9eb393c8d8c20accf33a6a596343dfda6c7cdbcb972ed4163c900dcdf89f"
   end
 
   resource "huggingface-hub" do
@@ -146,6 +151,11 @@ class Omlx < Formula
   resource "jsonschema-specifications" do
     url "https://files.pythonhosted.org/packages/19/74/a633ee74eb36c44aa6d1095e7cc5569bebf04342ee146178e2d36600708b/jsonschema_specifications-2025.9.1.tar.gz"
     sha256 "b540987f239e745613c7a9176f3edb72b832a4ac465cf02712288397832b5e8d"
+  end
+
+  resource "kernels" do
+    url "https://files.pythonhosted.org/packages/36/21/c0393537fcc3cb5ebaa95fb4bc2b0a2372d8b28ce0c76ee425eb99f92078/kernels-0.19.1.tar.gz"
+    sha256 "86950bdaead9890c68e9e87aed507167590f46e55994d08e9061db9150b2c173"
   end
 
   resource "llguidance" do
@@ -223,9 +233,19 @@ class Omlx < Formula
     sha256 "1e740886083ff95530d694e6a3f09ed914bcf92a496d16acd307c6c3484fc36d"
   end
 
+  resource "pydantic-settings" do
+    url "https://files.pythonhosted.org/packages/59/28/227c843eedd29bd78e132e5aafa420d83154b10465c312f9c21ff2eaf77d/pydantic_settings-2.16.3.tar.gz"
+    sha256 "10e36f616623ebb586c05ca3d3cd22927146869db413d4f14c20c514442a1337"
+  end
+
   resource "pygments" do
     url "https://files.pythonhosted.org/packages/49/2e/ced460408999b33da6b31b0021b0f37d329e202d4169aeb164493778f25b/pygments-2.21.0.tar.gz"
     sha256 "610ca751c9bc2492b38eb9a38a7fbc93edbbb2d7182edaf34e66ae493dee5c8c"
+  end
+
+  resource "python-dotenv" do
+    url "https://files.pythonhosted.org/packages/74/26/2fbeedb218a787a5eea551c7532cac4e009f83d689dd2faa0d0353473f86/python_dotenv-1.2.4.tar.gz"
+    sha256 "f0d53e69935a851c0dcc78f3ab7aaccd8cabef0b92382b576b824212902873c0"
   end
 
   resource "pyyaml" do
@@ -239,8 +259,8 @@ class Omlx < Formula
   end
 
   resource "regex" do
-    url "https://files.pythonhosted.org/packages/b8/17/ef8c46a9e7cf2304968eb260f594bbd4220fab6281e64c090cdd85884511/regex-2026.11.19.tar.gz"
-    sha256 "2826a006b68acfd3ed5074433caafe21d7f9d026eb82cb856724a4a893a70915"
+    url "https://files.pythonhosted.org/packages/a3/50/bb8d8b1a075eaa627f45adea2e24d3b353fb1f0905914617daa742e68b15/regex-2026.12.2.tar.gz"
+    sha256 "1d7cb427e5d86beb77bfa298a648f6079a31b261baec467b15b134b33c31fed1"
   end
 
   resource "requests" do
@@ -293,6 +313,11 @@ class Omlx < Formula
     sha256 "cded33237c77caeef62944d32aa9a7ef42bdce2b3497e18d137e072a8c4be438"
   end
 
+  resource "tomlkit" do
+    url "https://files.pythonhosted.org/packages/c9/85/4a7c68111c057a6498f5bc721ef93b388b420bb31d7020759f18a5f0c2ec/tomlkit-0.15.3.tar.gz"
+    sha256 "b3c3020ec1a4bd469d12e31fb4da938e7f6ba758cdbec3fd9047db63120eaf81"
+  end
+
   resource "tqdm" do
     url "https://files.pythonhosted.org/packages/0d/ea/b2a5bd54b28a324dae8211928b2d730b6547500342c7e6c6dea08bd0a485/tqdm-4.70.1.tar.gz"
     sha256 "cefd0eca11b2a37a3aee776544d4f4ae913f02688135b5556b8788dfa474afc4"
@@ -304,8 +329,8 @@ class Omlx < Formula
   end
 
   resource "transformers" do
-    url "https://files.pythonhosted.org/packages/ee/3b/1680200d94d5e567443223dce26f9c6c26c6366ce5232981923c6c01e9d6/transformers-5.24.0.tar.gz"
-    sha256 "906cb8c3cb2123575e263962586a4d21a979ce97feeb95fe6aaf66fe6ae88bf3"
+    url "https://files.pythonhosted.org/packages/49/2b/9f972080c2987e490e60d3b00003e88114e4950e905cff83a53c8b0ea51d/transformers-5.25.0.tar.gz"
+    sha256 "9120226c6bf170d69abc3029036799bb5d48e552f7127646a529a5c9309812e2"
   end
 
   resource "truststore" do
