@@ -14,6 +14,7 @@ TOML layout::
     kv_group_size = 64
     api_key = "..."
     context_scale_to = 200000      # Anthropic API: report token counts as if the window were this
+    strict_content = false         # true: an image or file a text model cannot read is a 400
     [cache]
     block_size = 256
     hot_cache_max_size = "2GB"
@@ -317,6 +318,9 @@ class ServerConfig:
             Values <= 1 turn pacing off (a chunk in every step: fastest prefill, slowest streams).
         lookup_draft_tokens: prompt-lookup speculative decoding: most tokens drafted per verify
             step for a greedy request decoding alone (`omlx.engine.lookup`); 0 (default) = off.
+        strict_content: content a text model cannot read (an image, a non-text document, audio,
+            a file, in a message or a tool result) is a 400 naming it; False (default) serves
+            the text with a placeholder naming each such block's kind (`omlx.engine.content`).
         test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
             to inject into generation (omlx.engine.faults); None in production.
         test_park: TEST ONLY, from env ``OMLX_TEST_PARK``: requests may ask to wait at an await
@@ -345,6 +349,7 @@ class ServerConfig:
     prefill_step_size: int | None = None
     max_tpot_slowdown: float = 2.0
     lookup_draft_tokens: int = 0
+    strict_content: bool = False
     model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -386,6 +391,7 @@ _ENV_KEYS: dict[str, str] = {
     "OMLX_PREFILL_STEP_SIZE": "prefill_step_size",
     "OMLX_LOOKUP_DRAFT_TOKENS": "lookup_draft_tokens",
     "OMLX_MAX_TPOT_SLOWDOWN": "max_tpot_slowdown",
+    "OMLX_STRICT_CONTENT": "strict_content",
     "OMLX_PRELOAD_BLAS": "preload_blas",
     "OMLX_LOG_LEVEL": "log_level",
     "OMLX_DISABLE_KERNELS": "disable_kernels",
@@ -445,7 +451,8 @@ def _coerce(key: str, value: Any) -> Any:
         return float(value)
     if name == "headroom_bytes":
         return parse_size(value)
-    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks", "mdns", "start_workers", "test_park"):
+    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks", "mdns", "start_workers", "test_park",
+                "strict_content"):
         if isinstance(value, str):
             return value.strip().lower() in ("1", "true", "yes", "on")
         return bool(value)

@@ -15,6 +15,9 @@ Mapping onto the chat template (HF templates take OpenAI-style tool messages):
 - assistant ``tool_use`` -> ``tool_calls`` ``[{id, type: "function", function: {name, arguments}}]``
   (``arguments`` as an object, which is what HF templates expect); ``thinking`` ->
   ``reasoning_content`` (signatures are not checked); user ``tool_result`` -> ``role: "tool"``;
+- ``image``, ``document`` (but one with a text source: its text), ``file`` and ``container_upload``
+  blocks, in a message or inside a ``tool_result`` -> a placeholder naming the kind where the
+  block was (`omlx.engine.content`); with ``strict_content`` a 400 naming the block;
 - ``tools[].input_schema`` (and ``strict``) -> OpenAI function tools; ``tool_choice: none`` drops them;
 - ``thinking`` enabled/adaptive -> the template's ``enable_thinking=True``; disabled -> False; absent
   -> the model's ``enable_thinking`` setting, else False; the model's reasoning becomes
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -40,6 +43,7 @@ from omlx.api.structured import forced_tool_call
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
 from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta
 from omlx.engine.chat import RenderedPrompt, render_prompt
+from omlx.engine.content import KIND_OF_TYPE, DroppedContent
 from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
 from omlx.pool import PoolEntry
 from omlx.request import Admitted, Failed, Finished, Request, SamplingParams
@@ -63,12 +67,14 @@ class ChatInput:
         tools: OpenAI-style function tools, or None.
         enable_thinking: the template's thinking switch.
         max_tool_calls: 1 when the client disabled parallel tool use, else None.
+        dropped: the content this text model cannot read, served as placeholders.
     """
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     enable_thinking: bool
     max_tool_calls: int | None
+    dropped: DroppedContent = field(default_factory=DroppedContent)
 
 
 def _blocks(content: Any, param: str) -> list[dict[str, Any]]:
@@ -87,11 +93,15 @@ def _blocks(content: Any, param: str) -> list[dict[str, Any]]:
     return content
 
 
-def _block_text(b: dict[str, Any], param: str) -> str | None:
+def _block_text(b: dict[str, Any], param: str, dropped: DroppedContent | None) -> str | None:
     """The text of a text-like block; None for a block type that carries no text for the model.
 
+    An image, a document without a text source, a file or a container upload becomes its
+    placeholder (`omlx.engine.content`), counted in ``dropped``.
+
     Raises:
-        InvalidRequestError: a text block without a string, or media this text model cannot read.
+        InvalidRequestError: a text block without a string, or (``dropped.strict``) content this
+            text model cannot read.
     """
     kind = b["type"]
     if kind == "text":
@@ -104,24 +114,25 @@ def _block_text(b: dict[str, Any], param: str) -> str | None:
         if isinstance(data, str):
             return data
     if kind in _MEDIA_TYPES:
-        raise InvalidRequestError(f"{param}: content of type {kind!r} is not supported by this text model", param=param)
+        return (dropped or DroppedContent()).drop(
+            KIND_OF_TYPE[kind], f"{param}: content of type {kind!r} is not supported by this text model", param)
     logger.debug("ignoring content block of type %r at %s", kind, param)
     return None
 
 
-def _text_of(content: Any, param: str, sep: str = "\n\n") -> str:
-    """Join the text blocks of ``content`` (other block types are rejected or ignored)."""
+def _text_of(content: Any, param: str, dropped: DroppedContent | None, sep: str = "\n\n") -> str:
+    """Join the text blocks of ``content`` (media become placeholders; other types are ignored)."""
     if content is None:
         return ""
     parts = []
     for j, b in enumerate(_blocks(content, param)):
-        t = _block_text(b, f"{param}[{j}]")
+        t = _block_text(b, f"{param}[{j}]", dropped)
         if t:
             parts.append(t)
     return sep.join(parts)
 
 
-def system_text(system: Any) -> str:
+def system_text(system: Any, dropped: DroppedContent | None = None) -> str:
     """``system``: a string or a list of text blocks -> one string (billing metadata dropped).
 
     Raises:
@@ -133,13 +144,13 @@ def system_text(system: Any) -> str:
         return system
     parts = []
     for j, b in enumerate(_blocks(system, "system")):
-        t = _block_text(b, f"system[{j}]")
+        t = _block_text(b, f"system[{j}]", dropped)
         if t and not t.startswith(_BILLING_PREFIX):
             parts.append(t)
     return "\n\n".join(parts)
 
 
-def _assistant(content: Any, param: str, tool_names: dict[str, str]) -> dict[str, Any]:
+def _assistant(content: Any, param: str, tool_names: dict[str, str], dropped: DroppedContent | None) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     texts: list[str] = []
@@ -164,7 +175,7 @@ def _assistant(content: Any, param: str, tool_names: dict[str, str]) -> dict[str
         elif kind == "redacted_thinking":
             continue
         else:
-            t = _block_text(b, p)
+            t = _block_text(b, p, dropped)
             if t:
                 texts.append(t)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
@@ -175,7 +186,7 @@ def _assistant(content: Any, param: str, tool_names: dict[str, str]) -> dict[str
     return msg
 
 
-def _user(content: Any, param: str, tool_names: dict[str, str]) -> list[dict[str, Any]]:
+def _user(content: Any, param: str, tool_names: dict[str, str], dropped: DroppedContent | None) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     out: list[dict[str, Any]] = []
@@ -189,12 +200,12 @@ def _user(content: Any, param: str, tool_names: dict[str, str]) -> list[dict[str
             if texts:
                 out.append({"role": "user", "content": "\n\n".join(texts)})
                 texts = []
-            msg = {"role": "tool", "tool_call_id": cid, "content": _text_of(b.get("content"), f"{p}.content", "\n")}
+            msg = {"role": "tool", "tool_call_id": cid, "content": _text_of(b.get("content"), f"{p}.content", dropped, "\n")}
             if cid in tool_names:
                 msg["name"] = tool_names[cid]
             out.append(msg)
         else:
-            t = _block_text(b, p)
+            t = _block_text(b, p, dropped)
             if t:
                 texts.append(t)
     if texts or not out:
@@ -202,14 +213,20 @@ def _user(content: Any, param: str, tool_names: dict[str, str]) -> list[dict[str
     return out
 
 
-def messages_from_anthropic(messages: list[Any], system: Any = None) -> list[dict[str, Any]]:
+def messages_from_anthropic(messages: list[Any], system: Any = None,
+                            dropped: DroppedContent | None = None) -> list[dict[str, Any]]:
     """Anthropic ``system`` + ``messages`` -> chat-template messages (see the module doc).
+
+    Args:
+        dropped: counts the images, documents and files served as placeholders (at the top level
+            of a message and inside ``tool_result`` content), or raises for them when strict;
+            None serves them without counting.
 
     Raises:
         InvalidRequestError: names the message or block at fault.
     """
     out: list[dict[str, Any]] = []
-    sys_text = system_text(system)
+    sys_text = system_text(system, dropped)
     if sys_text:
         out.append({"role": "system", "content": sys_text})
     tool_names: dict[str, str] = {}
@@ -224,11 +241,11 @@ def messages_from_anthropic(messages: list[Any], system: Any = None) -> list[dic
         if content is None:
             raise InvalidRequestError(f"{param}.content is required", param=f"{param}.content")
         if role == "system":
-            out.append({"role": "system", "content": system_text(content) if not isinstance(content, str) else content})
+            out.append({"role": "system", "content": system_text(content, dropped) if not isinstance(content, str) else content})
         elif role == "assistant":
-            out.append(_assistant(content, f"{param}.content", tool_names))
+            out.append(_assistant(content, f"{param}.content", tool_names, dropped))
         else:
-            out.extend(_user(content, f"{param}.content", tool_names))
+            out.extend(_user(content, f"{param}.content", tool_names, dropped))
     return out
 
 
@@ -288,13 +305,17 @@ def thinking_enabled(body: dict[str, Any], max_tokens: int | None) -> bool:
     raise InvalidRequestError("'thinking.type' must be 'enabled', 'adaptive' or 'disabled'", param="thinking.type")
 
 
-def chat_input(body: dict[str, Any], max_tokens: int | None) -> ChatInput:
+def chat_input(body: dict[str, Any], max_tokens: int | None, *, strict_content: bool = False) -> ChatInput:
     """Map the request body (messages, system, tools, tool_choice, thinking) onto the template.
+
+    Args:
+        strict_content: content this text model cannot read is a 400 (else a placeholder).
 
     Raises:
         InvalidRequestError: missing or malformed fields (the error names the field).
     """
-    messages = messages_from_anthropic(get_list(body, "messages", non_empty=True), body.get("system"))
+    dropped = DroppedContent(strict=strict_content)
+    messages = messages_from_anthropic(get_list(body, "messages", non_empty=True), body.get("system"), dropped)
     tools = tools_from_anthropic(get_list(body, "tools", [])) or None
     max_tool_calls = None
     tc = body.get("tool_choice")
@@ -309,7 +330,7 @@ def chat_input(body: dict[str, Any], max_tokens: int | None) -> ChatInput:
             tools = None
         if tc.get("disable_parallel_tool_use") is True:
             max_tool_calls = 1
-    return ChatInput(messages, tools, thinking_enabled(body, max_tokens), max_tool_calls)
+    return ChatInput(messages, tools, thinking_enabled(body, max_tokens), max_tool_calls, dropped)
 
 
 def _stop_sequences(body: dict[str, Any]) -> tuple[str, ...]:
@@ -354,9 +375,10 @@ class _Prepared:
     tool_dialect: str | None = None  # parses the tool calls: the model's, or a forced call's format
 
 
-def _chat_for(body: dict[str, Any], entry: PoolEntry, max_tokens: int | None) -> ChatInput:
-    """`chat_input`, with the model's ``enable_thinking`` setting when the request has no ``thinking``."""
-    chat = chat_input(body, max_tokens)
+def _chat_for(http: HttpRequest, body: dict[str, Any], entry: PoolEntry, max_tokens: int | None) -> ChatInput:
+    """`chat_input` (``strict_content`` from the config), with the model's ``enable_thinking``
+    setting when the request has no ``thinking``."""
+    chat = chat_input(body, max_tokens, strict_content=http.app.ctx.config.strict_content)
     if body.get("thinking") is None and entry.settings.enable_thinking is not None:
         chat.enable_thinking = entry.settings.enable_thinking
     return chat
@@ -376,7 +398,7 @@ def _prepare(http: HttpRequest) -> _Prepared:
         raise InvalidRequestError("'max_tokens' is required", param="max_tokens")
     stream = get_bool(body, "stream", False)
     entry = holds.chat_entry(model_name)
-    chat = _chat_for(body, entry, max_tokens)
+    chat = _chat_for(http, body, entry, max_tokens)
     tc = body.get("tool_choice")
     d = entry.settings  # the model's [models."<id>"] defaults, with the request's profile laid over them
     sampling_fields = dict(
@@ -424,6 +446,7 @@ def frame(builder: MessageBuilder, ev: Any) -> list[SseEvent]:
 async def create_message(http: HttpRequest):
     holds = holds_of(http)  # owns the lease and the engine request: released when the route ends
     p = _prepare(http)
+    http.app.ctx.metrics.dropped_content("anthropic", p.request.request_id, p.chat.dropped)
     await holds.checkpoint("prepared")
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
@@ -501,12 +524,18 @@ async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
 @bp.post("/messages/count_tokens")
 @holding("chat")
 async def count_tokens(http: HttpRequest):
-    """``{"input_tokens": N}``: N is the prompt the same body would send to /v1/messages."""
+    """``{"input_tokens": N}``: N is the prompt the same body would send to /v1/messages.
+
+    Content the model cannot read counts as its placeholder (and is a 400 with
+    ``strict_content``), as in /v1/messages. It is not logged or counted in
+    ``omlx_dropped_content_total``: clients count tokens for the conversation they then send
+    (Claude Code does, on every turn), so the metric counts only what a generation left out.
+    """
     body = parse_json_object(http.body, http.app.ctx.config.max_body_bytes)
     model_name = get_str(body, "model")
     max_tokens = get_int(body, "max_tokens", None, lo=1)
     entry = holds_of(http).chat_entry(model_name)
-    n = len(_render(entry, _chat_for(body, entry, max_tokens)).token_ids)
+    n = len(_render(entry, _chat_for(http, body, entry, max_tokens)).token_ids)
     await holds_of(http).checkpoint("prepared")
     return json_response({"input_tokens": scale_tokens(n, context_scale(http, entry))})
 

@@ -10,6 +10,7 @@ Must not: change any engine, cache or pool state; it only reads.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -19,8 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from omlx.engine.content import DroppedContent
 from omlx.pool import EnginePool
 from omlx.request import Failed, Finished, GenerationEvent, Request
+
+logger = logging.getLogger(__name__)
 
 #: generate_latest writes text format 0.0.4 (what every Prometheus version reads).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -94,6 +98,9 @@ class Metrics:
                                              "(emitted without a step of their own).", ["model"], registry=r)
         self.speculation_off = Counter("omlx_speculation_switched_off", "Requests whose drafting was switched "
                                        "off for low acceptance.", ["model"], registry=r)
+        self.dropped = Counter("omlx_dropped_content", "Content blocks and parts a text model cannot read "
+                               "(kind: image, document, audio, file), served as a placeholder, by API "
+                               "(anthropic, openai, responses).", ["kind", "api"], registry=r)
         r.register(_LiveCollector(pool))
 
     def observe(self, model: str, request: Request, event: GenerationEvent) -> None:
@@ -127,6 +134,20 @@ class Metrics:
             u.num_completion_tokens, u.num_cached_tokens, u.num_cached_tokens_cold, request.num_prefilled_tokens,
             _ms(u.ttft_s), _ms(tpot_s), round(1.0 / tpot_s, 2) if tpot_s else None, _ms(u.total_s),
             u.num_draft_tokens, u.num_accepted_draft_tokens, u.speculation_off))
+
+    def dropped_content(self, api: str, request_id: str, dropped: DroppedContent) -> None:
+        """Log (one INFO line) and count what one generation request's mapping served as
+        placeholders (`omlx.engine.content`); nothing when it dropped nothing.
+
+        Args:
+            api: "anthropic", "openai" or "responses" (the ``api`` label).
+        """
+        if not dropped.counts:
+            return
+        logger.info("request %s (%s): served %s as placeholders: this model reads text only",
+                    request_id, api, dropped.summary())
+        for kind, n in dropped.counts.items():
+            self.dropped.labels(kind, api).inc(n)
 
     def _push(self, rec: RequestRecord) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from urllib.parse import unquote
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sanic import Blueprint
@@ -36,7 +36,8 @@ from omlx.api.openai_framing import ChunkFramer, finish_reason, legacy_logprobs,
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
 from omlx.api.structured import forced_tool_call, response_format, strict_tool_calls
 from omlx.api.turn import ModelTurn
-from omlx.engine.chat import render_prompt
+from omlx.engine.chat import content_text, render_prompt
+from omlx.engine.content import DroppedContent
 from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
 from omlx.pool import PoolEntry
 from omlx.request import Request, SamplingParams
@@ -141,7 +142,9 @@ def validate_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any
     return choice
 
 
-def _validate_messages(messages: list[Any]) -> list[dict[str, Any]]:
+def _validate_messages(messages: list[Any], dropped: DroppedContent) -> list[dict[str, Any]]:
+    """Each message checked; content given as parts joined into its text here (`content_text`),
+    so a part the model cannot read becomes its placeholder, counted in ``dropped``."""
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -155,6 +158,8 @@ def _validate_messages(messages: list[Any]) -> list[dict[str, Any]]:
         if c is None and not (role == "assistant" and m.get("tool_calls")):  # OpenAI: required unless tool_calls
             raise InvalidRequestError(f"messages[{i}].content is required (null only for an assistant message with tool_calls)",
                                       param=f"messages[{i}].content")
+        if isinstance(c, list):
+            m = {**m, "content": content_text(c, param=f"messages[{i}].content", dropped=dropped)}
         out.append(m)
     return out
 
@@ -170,6 +175,7 @@ class _Prepared:
     think: tuple[str, str] | None = None
     in_reasoning: bool = False
     tool_dialect: str | None = None  # parses the tool calls: the model's, or a forced call's format
+    dropped: DroppedContent = field(default_factory=DroppedContent)  # content parts served as placeholders
 
 
 def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
@@ -180,8 +186,9 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
     entry = holds.chat_entry(model_name)
     tok = entry.loaded.tokenizer
     dialect = entry.tool_dialect
+    dropped = DroppedContent(strict=ctx.config.strict_content)
     if chat:
-        messages = _validate_messages(get_list(body, "messages", non_empty=True))
+        messages = _validate_messages(get_list(body, "messages", non_empty=True), dropped)
         tools = validate_tools(get_list(body, "tools", None))
         tool_choice = validate_tool_choice(body.get("tool_choice"), tools)
         ctk = body.get("chat_template_kwargs")
@@ -230,7 +237,7 @@ def _prepare(http: HttpRequest, *, chat: bool) -> _Prepared:
     include_usage = bool(so and so.get("include_usage") is True)
     sampling = replace(sampling_from_openai(body, entry, len(prompt_ids), chat=chat), constraint=constraint)
     req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling, request_id=holds.request_id)
-    return _Prepared(entry, req, model_name, stream, include_usage, parse_tools, think, in_reasoning, dialect)
+    return _Prepared(entry, req, model_name, stream, include_usage, parse_tools, think, in_reasoning, dialect, dropped)
 
 
 @bp.route("/models", methods=["GET", "HEAD"])  # HEAD: the GET without its body
@@ -266,6 +273,7 @@ async def completions(http: HttpRequest):
 async def _serve(http: HttpRequest, *, chat: bool):
     holds = holds_of(http)  # owns the lease and the engine request: released when the route ends
     p = _prepare(http, chat=chat)
+    http.app.ctx.metrics.dropped_content("openai", p.request.request_id, p.dropped)
     await holds.checkpoint("prepared")
     es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)

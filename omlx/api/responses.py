@@ -8,6 +8,8 @@ API reference (Responses); what Codex CLI and the SDK send is in the project's C
 
 Earlier output items sent back verbatim (messages with annotations, reasoning items with
 ``encrypted_content``, hosted tool calls) are accepted; what a local model cannot use is skipped.
+An ``input_image`` or ``input_file`` part, in a message or a function_call_output, becomes a
+placeholder naming its kind (`omlx.engine.content`; with ``strict_content`` a 400 naming it).
 Stored responses (``store``, default true as in OpenAI's API) live in a bounded in-memory LRU
 for ``previous_response_id``, GET and DELETE; they do not survive a restart.
 """
@@ -18,7 +20,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable
 
 from sanic import Blueprint
@@ -33,6 +35,7 @@ from omlx.api.responses_framing import ResponseBuilder, new_id
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_event
 from omlx.api.turn import ContentDelta, ModelTurn
 from omlx.engine.chat import RenderedPrompt, content_text, render_prompt
+from omlx.engine.content import DroppedContent, placeholder, unreadable_kind
 from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, NotFoundError, OmlxError
 from omlx.pool import PoolEntry
 from omlx.request import Failed, Finished, Request, SamplingParams
@@ -196,29 +199,30 @@ def _choose_tools(chat_tools: list[dict[str, Any]], choice: Any) -> list[dict[st
 # --------------------------------------------------------------------------- input items
 
 
-def _output_text(output: Any, p: str) -> str:
-    """A function_call_output's ``output``: a string, or parts of which only text is kept."""
+def _output_text(output: Any, p: str, dropped: DroppedContent | None) -> str:
+    """A function_call_output's ``output``: a string, or parts joined as message content is
+    (`content_text`: an image or file becomes its placeholder); a part of a type that is
+    neither text nor a known kind becomes ``[<type> omitted: ...]``, not counted; non-objects
+    are skipped."""
     if isinstance(output, str):
         return output
     if isinstance(output, list):
-        texts = []
-        for part in output:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif isinstance(part, dict):  # an image or file: the model reads text only
-                texts.append(f"[{part.get('type', 'part')} omitted]")
-        return "".join(texts)
+        parts = [c if isinstance(c.get("text"), str) or unreadable_kind(c.get("type"))
+                 else {"type": "text", "text": placeholder(str(c.get("type", "part")))}
+                 for c in output if isinstance(c, dict)]
+        return content_text(parts, param=f"{p}.output", dropped=dropped)
     raise InvalidRequestError(f"'{p}.output' must be a string or an array of parts", param=f"{p}.output")
 
 
-def _message_text(content: Any, p: str) -> str:
+def _message_text(content: Any, p: str, dropped: DroppedContent | None) -> str:
     if isinstance(content, list):  # refusal parts are text too
         content = [{"type": "text", "text": c["refusal"]} if isinstance(c, dict) and c.get("type") == "refusal" else c
                    for c in content]
-    return content_text(content, param=f"{p}.content")
+    return content_text(content, param=f"{p}.content", dropped=dropped)
 
 
-def input_to_messages(items: list[Any], flat_names: dict[tuple[str | None, str], str] | None = None) -> list[dict[str, Any]]:
+def input_to_messages(items: list[Any], flat_names: dict[tuple[str | None, str], str] | None = None,
+                      dropped: DroppedContent | None = None) -> list[dict[str, Any]]:
     """Responses input items -> chat messages for `render_prompt`.
 
     Messages keep their role (system/developer are merged later by `normalize_messages`);
@@ -229,6 +233,9 @@ def input_to_messages(items: list[Any], flat_names: dict[tuple[str | None, str],
 
     Args:
         flat_names: (namespace, name) -> the flattened tool name the model sees.
+        dropped: counts the ``input_image`` and ``input_file`` parts (of messages and of
+            function_call_output) served as placeholders (`omlx.engine.content`), or raises for
+            them when strict; None serves them without counting.
 
     Raises:
         InvalidRequestError: an item is not an object, or a message or call is malformed (names
@@ -254,7 +261,7 @@ def input_to_messages(items: list[Any], flat_names: dict[tuple[str | None, str],
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise InvalidRequestError(f"'{p}.role' must be one of user, assistant, system, developer", param=f"{p}.role")
-            msg = {"role": role, "content": _message_text(item.get("content"), p)}
+            msg = {"role": role, "content": _message_text(item.get("content"), p, dropped)}
             msgs.append(assistant(msg) if role == "assistant" else msg)
         elif kind in ("function_call", "custom_tool_call"):
             name, call_id = item.get("name"), item.get("call_id")
@@ -274,7 +281,7 @@ def input_to_messages(items: list[Any], flat_names: dict[tuple[str | None, str],
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise InvalidRequestError(f"'{p}.call_id' must be a string", param=f"{p}.call_id")
-            msg = {"role": "tool", "tool_call_id": call_id, "content": _output_text(item.get("output", ""), p)}
+            msg = {"role": "tool", "tool_call_id": call_id, "content": _output_text(item.get("output", ""), p, dropped)}
             if call_id in call_names:
                 msg["name"] = call_names[call_id]
             msgs.append(msg)
@@ -314,6 +321,7 @@ class _Prepared:
     input_items: list[dict[str, Any]]
     want_logprobs: bool
     tool_dialect: str | None = None  # parses the tool calls: the model's, or a forced call's format
+    dropped: DroppedContent = field(default_factory=DroppedContent)  # content parts served as placeholders
 
 
 def _sampling(body: dict[str, Any], entry: PoolEntry, num_prompt_tokens: int, want_logprobs: bool) -> SamplingParams:
@@ -401,7 +409,8 @@ def _prepare(http: HttpRequest) -> _Prepared:
 
     instructions = get_str(body, "instructions", None, allow_empty=True)
     messages = ([{"role": "system", "content": instructions}] if instructions else [])
-    messages += input_to_messages(all_items, {v: k for k, v in names.items()})
+    dropped = DroppedContent(strict=ctx.config.strict_content)
+    messages += input_to_messages(all_items, {v: k for k, v in names.items()}, dropped)
     rendered = _render(entry.loaded.tokenizer, messages, chat_tools, entry.loaded.context_length, truncation, thinking)
     think = entry.think if thinking is not False else None
     in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
@@ -432,7 +441,7 @@ def _prepare(http: HttpRequest) -> _Prepared:
     }
     builder = ResponseBuilder(response, tool_names=names, parallel_tool_calls=parallel)
     return _Prepared(entry, request, stream, store, builder, chat_tools, think, in_reasoning, all_items, want_logprobs,
-                     dialect)
+                     dialect, dropped)
 
 
 # --------------------------------------------------------------------------- routes
@@ -443,6 +452,7 @@ def _prepare(http: HttpRequest) -> _Prepared:
 async def create_response(http: HttpRequest):
     holds = holds_of(http)  # owns the lease and the engine request: released when the route ends
     p = _prepare(http)
+    http.app.ctx.metrics.dropped_content("responses", p.request.request_id, p.dropped)
     await holds.checkpoint("prepared")
     b = p.builder
     store = response_store(http) if p.store else None
@@ -503,7 +513,11 @@ async def frame_turn(turn: ModelTurn, b: ResponseBuilder, *, want_logprobs: bool
 @bp.post("/responses/input_tokens")
 @holding("chat")
 async def count_input_tokens(http: HttpRequest):
-    """The prompt's token count for a Responses body (nothing is generated or stored)."""
+    """The prompt's token count for a Responses body (nothing is generated or stored).
+
+    Content the model cannot read counts as its placeholder, as in /v1/responses; it is not
+    logged or counted in ``omlx_dropped_content_total`` (only what a generation left out is).
+    """
     p = _prepare(http)
     await holds_of(http).checkpoint("prepared")
     return json_response({"object": "response.input_tokens", "input_tokens": p.request.num_prompt_tokens})

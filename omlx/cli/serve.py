@@ -39,6 +39,7 @@ def serve(
     log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,
     alias: Annotated[Optional[list[str]], typer.Option("--alias", help="NAME=TARGET: serve model TARGET also as NAME (e.g. a client's model id); repeat for several.")] = None,
     context_scale_to: Annotated[Optional[int], typer.Option(help="Anthropic API: scale reported token counts so a client assuming a window of this many tokens compacts at the model's real limit. Off by default.")] = None,
+    strict_content: Annotated[bool, typer.Option("--strict-content", help="Answer 400 to content a text model cannot read (images, PDFs, audio, files). Default: serve the text with a placeholder naming each dropped block's kind.")] = False,
     cluster: Annotated[bool, typer.Option("--cluster", help="Serve one --model over a cluster: run the node agent (advertise over mDNS, join peers holding the secret, plan the model over them; this node is rank 0) and forward requests to this node's rank-0 worker.")] = False,
     cluster_secret: Annotated[Optional[str], typer.Option(help="Shared cluster secret (or OMLX_CLUSTER_SECRET, [cluster] secret).")] = None,
     peer: Annotated[Optional[list[str]], typer.Option("--peer", help="Static cluster peer host:port; repeat for several.")] = None,
@@ -88,6 +89,7 @@ def serve_flags(o: Mapping[str, Any]) -> dict[str, Any]:
         "log_level": o.get("log_level"),
         "aliases": parse_aliases(o.get("alias")) if o.get("alias") else None,
         "context_scale_to": o.get("context_scale_to"),
+        "strict_content": True if o.get("strict_content") else None,
         "cluster.peers": tuple(o.get("peer")) if o.get("peer") else None,
     }
 

@@ -5,7 +5,8 @@ neutral message list below and call `render_prompt`. Normalisation applied every
 
 - every ``system``/``developer`` message, wherever it stands, is merged into one leading system
   message, in order, joined with blank lines (templates such as Qwen's reject a later one);
-- content given as a list of text parts is joined into a string;
+- content given as a list of text parts is joined into a string; a part the model cannot read (an
+  image, a file) becomes a placeholder naming its kind (`omlx.engine.content`);
 - a trailing ``assistant`` message is a prefill: the prompt ends right after its text, with no
   end-of-turn and no new assistant header (``continue_final_message``).
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omlx.engine import token_cache
+from omlx.engine.content import DroppedContent, unreadable_kind
 from omlx.errors import InvalidRequestError
 
 
@@ -33,36 +35,54 @@ class RenderedPrompt:
     prefill: bool
 
 
-def content_text(content: Any, *, param: str = "messages") -> str:
+def content_text(content: Any, *, param: str = "messages", dropped: DroppedContent | None = None) -> str:
     """Join OpenAI/Anthropic content (a string or a list of text parts) into one string.
 
+    A part this text model cannot read (``image_url``, ``input_image``, ``input_audio``,
+    ``file``, ``input_file``, ...: `omlx.engine.content`) becomes its placeholder, on a line of
+    its own between the text parts (which are joined as they are).
+
+    Args:
+        param: where ``content`` is in the request (``messages[2].content``), for errors.
+        dropped: counts the parts served as placeholders, or raises for them when strict; None
+            serves them without counting.
+
     Raises:
-        InvalidRequestError: for a part that is neither a string nor has text.
+        InvalidRequestError: for a part that is neither a string nor has text, and for an
+            unreadable part when ``dropped.strict`` (param ``<param>[i]``).
     """
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
+        dropped = DroppedContent() if dropped is None else dropped
         out: list[str] = []
+        after_placeholder = False
         for i, part in enumerate(content):
             if isinstance(part, str):
-                out.append(part)
+                text, is_placeholder = part, False
             elif isinstance(part, dict):
+                kind = unreadable_kind(part.get("type"))
                 if part.get("type") in ("text", "input_text", "output_text") or "text" in part:
                     text = part.get("text")
                     if not isinstance(text, str):
                         raise InvalidRequestError(f"{param}: content part {i} has no text string", param=param)
-                    out.append(text)
-                elif part.get("type") in ("image_url", "image", "input_image", "input_audio", "document", "file"):
-                    raise InvalidRequestError(
-                        f"{param}: content part {i} of type {part.get('type')!r} is not supported by this text model",
-                        param=param,
-                    )
+                    is_placeholder = False
+                elif kind is not None:
+                    text = dropped.drop(
+                        kind, f"{param}: content part {i} of type {part.get('type')!r} is not supported by this text model",
+                        f"{param}[{i}]")
+                    is_placeholder = True
                 else:
                     raise InvalidRequestError(f"{param}: content part {i} has unknown type {part.get('type')!r}", param=param)
             else:
                 raise InvalidRequestError(f"{param}: content part {i} must be an object", param=param)
+            if out and text and (is_placeholder or after_placeholder):
+                out.append("\n")  # a placeholder is a line of its own
+            if text:
+                out.append(text)
+                after_placeholder = is_placeholder
         return "".join(out)
     raise InvalidRequestError(f"{param}: content must be a string or a list of parts", param=param)
 

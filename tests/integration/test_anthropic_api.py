@@ -23,7 +23,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from tests.helpers import MODEL_ID, REPO, ServerProcess, default_model_dir
+from tests.helpers import MODEL_ID, REPO, ServerProcess, default_model_dir, metric_samples, metric_value
 
 KEY = "sk-omlx-anthropic-test"
 TOOLS_MODEL = "smollm2-chatml-tools"
@@ -41,6 +41,12 @@ BASH = {"name": "Bash", "description": "Run a shell command",
 HI = [{"role": "user", "content": "say hi"}]
 # this SDK version has no sampling arguments on create(); the API still takes them
 GREEDY = {"temperature": 0}
+# a 1x1 PNG, as Claude Code sends a screenshot (base64 source)
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data":
+         "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="}}
+PDF = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQK"}}
+PLACEHOLDER = "[{} omitted: this model reads text only]"
+DROPPED = "omlx_dropped_content_total"
 
 
 def make_tools_model(dest: Path) -> Path:
@@ -315,6 +321,50 @@ def test_thinking_blocks_come_back_with_any_signature(client):
         assert r.stop_reason in ("end_turn", "max_tokens")
 
 
+# ---- content a text model cannot read -----------------------------------------------------------
+
+
+def _text(t: str) -> dict:
+    return {"type": "text", "text": t}
+
+
+def test_images_and_documents_are_served_as_placeholders_counted_once_per_block(client, server):
+    """A screenshot in a user message, a PDF beside it and a screenshot inside a tool_result answer
+    200, streamed and not; count_tokens counts the placeholders (the same as the request with the
+    placeholder text written in by hand) and /metrics counts each dropped block of the generations."""
+    before = metric_samples(server, AUTH)
+    asked = [{"role": "user", "content": [IMAGE, PDF, _text("What is in this picture?")]}]
+    by_hand = [{"role": "user", "content": [_text(PLACEHOLDER.format("image")), _text(PLACEHOLDER.format("document")),
+                                            _text("What is in this picture?")]}]
+    n = client.messages.count_tokens(model=MODEL_ID, messages=asked).input_tokens
+    assert n == client.messages.count_tokens(model=MODEL_ID, messages=by_hand).input_tokens
+    r = client.messages.create(model=MODEL_ID, max_tokens=4, messages=asked, extra_body=GREEDY)
+    assert r.stop_reason in ("end_turn", "max_tokens") and r.usage.input_tokens + r.usage.cache_read_input_tokens == n
+
+    def turn(result: list[dict]) -> list[dict]:
+        return [{"role": "user", "content": "Take a screenshot."},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "Bash",
+                                                   "input": {"command": "screenshot"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": result}]}]
+
+    shot = turn([_text("Saved screen.png"), IMAGE])
+    n = client.messages.count_tokens(model=TOOLS_MODEL, tools=[BASH], messages=shot).input_tokens
+    assert n == client.messages.count_tokens(model=TOOLS_MODEL, tools=[BASH], messages=turn(
+        [_text("Saved screen.png"), _text(PLACEHOLDER.format("image"))])).input_tokens
+    with client.messages.stream(model=TOOLS_MODEL, max_tokens=4, tools=[BASH], messages=shot, extra_body=GREEDY) as s:
+        final = s.get_final_message()
+    assert final.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == n
+
+    after = metric_samples(server, AUTH)
+    grew = {k: metric_value(after, DROPPED, kind=k, api="anthropic") - metric_value(before, DROPPED, kind=k, api="anthropic")
+            for k in ("image", "document", "file")}
+    assert grew == {"image": 2, "document": 1, "file": 0}  # the two generations; count_tokens is not counted
+    log = " ".join(server.log_path.read_text().split())  # the console handler wraps long lines
+    assert "(anthropic): served 1 image, 1 document as placeholders" in log  # one line per request
+    assert "(anthropic): served 1 image as placeholders" in log
+
+
 # ---- errors and auth ---------------------------------------------------------------------------
 
 
@@ -446,6 +496,29 @@ def test_context_scaling_reports_scaled_counts(server):
         big = {**body, "messages": [{"role": "user", "content": "word " * 9000}]}
         err = httpx.post(scaled.url + "/v1/messages", json=big, headers=h).json()["error"]["message"]
         assert err.startswith("prompt is too long: ") and err.endswith("> 16382 maximum")
+
+
+def test_strict_content_gives_the_400_naming_the_block():
+    """``--strict-content``: an image (in a message, in a tool_result) is the 400 of before, in
+    Anthropic's error shape, on /v1/messages and on count_tokens alike; text is still served."""
+    with ServerProcess(["-m", MODEL_ID, "--no-cache", "--strict-content"]) as strict:
+        h = {**VERSION, "content-type": "application/json"}
+        tool_turn = [{"role": "user", "content": "Look."},
+                     {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [IMAGE]}]}]
+        for messages, param in (([{"role": "user", "content": [_text("What is this?"), IMAGE]}], "messages[0].content[1]"),
+                                (tool_turn, "messages[2].content[0].content[0]")):
+            for path in ("/v1/messages", "/v1/messages/count_tokens"):
+                r = httpx.post(strict.url + path, json={"model": MODEL_ID, "max_tokens": 4, "messages": messages},
+                               headers=h, timeout=120)
+                assert r.status_code == 400, r.text
+                assert r.json() == {"type": "error", "error": {
+                    "type": "invalid_request_error",
+                    "message": f"{param}: content of type 'image' is not supported by this text model"}}
+        r = httpx.post(strict.url + "/v1/messages", json={"model": MODEL_ID, "max_tokens": 2, "messages": HI},
+                       headers=h, timeout=120)
+        assert r.status_code == 200, r.text
+        assert metric_value(metric_samples(strict), DROPPED, kind="image", api="anthropic") == 0
 
 
 def test_long_silence_keeps_alive_with_empty_text_deltas_and_the_turn_replays():

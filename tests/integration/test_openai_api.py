@@ -9,9 +9,13 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import MODEL_ID
+from tests.helpers import MODEL_ID, ServerProcess, metric_samples, metric_value
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+IMAGE_URL = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJ"
+                                                      "AAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="}}
+PLACEHOLDER = "[{} omitted: this model reads text only]"
+DROPPED = "omlx_dropped_content_total"
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +199,54 @@ def test_bad_values_name_the_parameter(server, patch, param):
     r = httpx.post(server.url + "/v1/chat/completions", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_an_image_url_part_is_served_as_a_placeholder_and_counted(client, server):
+    """A screenshot (image_url) and a PDF (file) part answer 200, streamed and not; the prompt is the
+    request's with the placeholder text written in by hand; /metrics counts each part."""
+    before = metric_samples(server)
+    pdf = {"type": "file", "file": {"filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERi0xLjQK"}}
+    asked = [{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"}, IMAGE_URL, pdf]}]
+    by_hand = [{"role": "user", "content": "What is in this picture?\n" + PLACEHOLDER.format("image") + "\n"
+                + PLACEHOLDER.format("file")}]
+    r = client.chat.completions.create(model=MODEL_ID, messages=asked, temperature=0, max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    hand = client.chat.completions.create(model=MODEL_ID, messages=by_hand, temperature=0, max_tokens=4)
+    assert r.usage.prompt_tokens == hand.usage.prompt_tokens and r.choices[0].message.content == hand.choices[0].message.content
+    # other bytes, the same placeholder: the prompt is the one just served, from the prefix cache
+    other = {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQSkZJRgABAQ=="}}
+    asked2 = [{"role": "user", "content": [asked[0]["content"][0], other, pdf]}]
+    chunks = list(client.chat.completions.create(model=MODEL_ID, messages=asked2, temperature=0, max_tokens=4, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    after = metric_samples(server)
+    for kind in ("image", "file"):  # two generations with one of each
+        assert metric_value(after, DROPPED, kind=kind, api="openai") - metric_value(before, DROPPED, kind=kind, api="openai") == 2
+
+
+def test_strict_content_gives_the_400_naming_the_part():
+    """``OMLX_STRICT_CONTENT=1``: an image_url part is a 400 in OpenAI's error shape naming the part,
+    on chat completions and on the Responses API (input_image, in a message or a tool's output)."""
+    with ServerProcess(["--no-cache"], env={"OMLX_STRICT_CONTENT": "1"}) as strict:
+        msgs = [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "What?"}, IMAGE_URL]}]
+        r = httpx.post(strict.url + "/v1/chat/completions", json={"model": MODEL_ID, "messages": msgs, "max_tokens": 2})
+        assert r.status_code == 400, r.text
+        assert r.json() == {"error": {"type": "invalid_request_error", "param": "messages[1].content[1]", "code": None,
+                                      "message": "messages[1].content: content part 1 of type 'image_url' is not "
+                                                 "supported by this text model"}}
+        image = {"type": "input_image", "image_url": IMAGE_URL["image_url"]["url"]}
+        for item, param in (({"role": "user", "content": [image]}, "input[0].content[0]"),
+                            ({"type": "function_call_output", "call_id": "c1", "output": [image]}, "input[0].output[0]")):
+            for path in ("/v1/responses", "/v1/responses/input_tokens"):
+                r = httpx.post(strict.url + path, json={"model": MODEL_ID, "input": [item], "max_output_tokens": 2})
+                assert r.status_code == 400, r.text
+                err = r.json()["error"]
+                assert err["param"] == param and "'input_image' is not supported by this text model" in err["message"]
+        r = httpx.post(strict.url + "/v1/chat/completions", json={"model": MODEL_ID, "messages": CHAT, "max_tokens": 2},
+                       timeout=120)
+        assert r.status_code == 200, r.text
 
 
 def test_oversized_body_is_413(server):

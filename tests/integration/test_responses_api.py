@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers import MODEL_ID, ServerProcess
+from tests.helpers import MODEL_ID, ServerProcess, metric_samples, metric_value
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "client_requests"
 QUESTION = "What is the capital of France?"
@@ -151,6 +151,38 @@ def test_function_call_output_turn(client):
     assert r.status in ("completed", "incomplete") and r.output_text
     count = client.responses.input_tokens.count(model=MODEL_ID, input=items, tools=TOOLS)
     assert count.input_tokens == r.usage.input_tokens
+
+
+def test_input_image_and_input_file_are_served_as_placeholders_and_counted(client, server):
+    """Codex's view_image turn: an input_image in a message and in a function_call_output, and an
+    input_file, answer 200, streamed and not; input_tokens counts the request with the placeholder
+    text written in by hand; /metrics counts each part of the generations."""
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"}
+    pdf = {"type": "input_file", "filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERi0xLjQK"}
+
+    def items(look: list[dict], shown: list[dict]) -> list[dict]:
+        return [{"role": "user", "content": [{"type": "input_text", "text": "What is on screen?"}, *look]},
+                {"type": "function_call", "call_id": "call_1", "name": "view_image", "arguments": '{"path": "s.png"}'},
+                {"type": "function_call_output", "call_id": "call_1", "output": shown}]
+
+    def ph(kind: str) -> dict:
+        return {"type": "input_text", "text": f"\n[{kind} omitted: this model reads text only]"}
+
+    asked = items([image, pdf], [{"type": "input_text", "text": "shown"}, image])
+    by_hand = items([ph("image"), ph("file")], [{"type": "input_text", "text": "shown"}, ph("image")])
+    n = client.responses.input_tokens.count(model=MODEL_ID, input=asked).input_tokens
+    assert n == client.responses.input_tokens.count(model=MODEL_ID, input=by_hand).input_tokens
+    before = metric_samples(server)
+    r = client.responses.create(model=MODEL_ID, input=asked, temperature=0, max_output_tokens=4)
+    assert r.status in ("completed", "incomplete") and r.usage.input_tokens == n
+    _, events = sse(server, {"model": MODEL_ID, "input": asked, "temperature": 0, "max_output_tokens": 4, "stream": True})
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")  # incomplete: max_output_tokens
+    assert events[-1]["response"]["usage"]["input_tokens"] == n
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == r.output_text
+    after = metric_samples(server)
+    grew = {k: metric_value(after, "omlx_dropped_content_total", kind=k, api="responses")
+            - metric_value(before, "omlx_dropped_content_total", kind=k, api="responses") for k in ("image", "file")}
+    assert grew == {"image": 4, "file": 2}  # two generations, each 2 images and 1 file; input_tokens not counted
 
 
 def test_store_retrieve_input_items_and_delete(client):
