@@ -315,5 +315,7 @@ def leave(
     typer.echo("left the cluster")
 
 
-# The pipeline worker of one rank (execution side); started by the node agent's launcher or by hand.
-app.command("worker", hidden=True, help="Run one pipeline rank (rank 0 serves HTTP).")(cluster_worker.worker_command)
+# The pipeline worker of one rank (execution side): the node agent's launcher starts it, and the
+# README's manual pipeline runs it by hand, so `omlx cluster --help` lists it.
+app.command("worker", help="Run one pipeline rank (rank 0 serves HTTP); the node agents of `omlx serve --cluster` and `omlx cluster join` start these themselves.")(
+    cluster_worker.worker_command)

@@ -1,4 +1,4 @@
-"""`omlx cluster worker` (hidden): run one rank of a pipeline; rank 0 serves the HTTP API.
+"""`omlx cluster worker`: run one rank of a pipeline; rank 0 serves the HTTP API.
 
 The node agent starts one worker per node with the same ``--model``, ``--ranges`` and
 ``--hostfile`` and that node's ``--rank``. Rank 0 loads its stage, then serves the normal omlx
