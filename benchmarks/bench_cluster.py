@@ -61,6 +61,7 @@ def parse_args() -> argparse.Namespace:
 
 def stream_tps(url: str, max_tokens: int) -> dict[str, Any]:
     import httpx
+    from httpx_sse import connect_sse
 
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
             "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
@@ -68,12 +69,13 @@ def stream_tps(url: str, max_tokens: int) -> dict[str, Any]:
     times: list[float] = []
     text: list[str] = []
     usage = None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+    with httpx.Client(timeout=600) as client, connect_sse(client, "POST", url + "/v1/chat/completions",
+                                                          json=body) as source:
+        source.response.raise_for_status()
+        for event in source.iter_sse():
+            if not event.data or event.data == "[DONE]":
                 continue
-            ev = json.loads(line[6:])
+            ev = event.json()
             if ev.get("usage"):
                 usage = ev["usage"]
             for c in ev.get("choices", []):

@@ -359,21 +359,22 @@ async def stream(client: Any, srv: Srv, prompt: str, max_tokens: int, timeout_s:
                            "completion_tokens": None, "prompt_tokens": None, "cached_tokens": None,
                            "finish_reason": None, "count_source": "chunks"}
     import httpx
+    from httpx_sse import aconnect_sse
 
     try:
-        async with client.stream("POST", srv.url + "/v1/completions", json=body,
-                                 timeout=httpx.Timeout(timeout_s, connect=10.0)) as resp:
+        async with aconnect_sse(client, "POST", srv.url + "/v1/completions", json=body,
+                                timeout=httpx.Timeout(timeout_s, connect=10.0)) as source:
+            resp = source.response
             if resp.status_code != 200:
                 res["error"] = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:300]}"
                 return res
-            async for line in resp.aiter_lines():
+            async for event in source.aiter_sse():
                 now = time.perf_counter()
-                if not line.startswith("data:"):
+                if not event.data:
                     continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                if event.data == "[DONE]":
                     break
-                obj = json.loads(data)
+                obj = event.json()
                 usage = obj.get("usage")
                 if usage:
                     res["prompt_tokens"] = usage.get("prompt_tokens")

@@ -364,7 +364,7 @@ class StreamResult(ClientStreamResult):
             "ok": self.ok, "error": self.error, "ttft_s": _r(self.ttft_s), "total_s": _r(self.total_s),
             "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
             "completion_tokens": self.num_tokens, "token_count_source": self.token_count_source,
-            "content_chunks": self.num_content_chunks, "keepalives": self.num_keepalives,
+            "content_chunks": self.num_content_chunks,
             "finish_reason": self.finish_reason, "decode_tps": _r(self.decode_tps, 2),
         }
         itl = self.itl_s
@@ -397,29 +397,28 @@ def completion_body(server: Server, prompt: str, max_tokens: int, **extra: Any) 
 
 
 async def _stream(client: Any, url: str, body: dict[str, Any], chat: bool) -> StreamResult:
+    from httpx_sse import aconnect_sse
+
     res = StreamResult()
     t0 = time.perf_counter()
     res.t_send = t0
     finish_t: float | None = None
     try:
-        async with client.stream("POST", url, json=body) as resp:
+        # httpx-sse does the SSE framing (omlx's keep-alive comments are skipped); an error status
+        # is read as a body first, before it could raise SSEError for a JSON content type.
+        async with aconnect_sse(client, "POST", url, json=body) as source:
+            resp = source.response
             res.status = resp.status_code
             if resp.status_code != 200:
                 res.error = (await resp.aread()).decode(errors="replace")[:500]
                 return res
-            async for line in resp.aiter_lines():
-                now = time.perf_counter() - t0
-                if not line:
+            async for event in source.aiter_sse():
+                now = time.perf_counter() - t0  # an event is complete when its blank line arrives
+                if not event.data:
                     continue
-                if line.startswith(":"):
-                    res.num_keepalives += 1
-                    continue
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+                if event.data == "[DONE]":
                     break
-                obj = json.loads(data)
+                obj = event.json()
                 usage = obj.get("usage")
                 if usage:
                     res.prompt_tokens = usage.get("prompt_tokens")

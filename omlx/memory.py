@@ -34,10 +34,11 @@ import psutil
 
 from omlx.config import MemoryConfig
 from omlx.errors import InsufficientMemoryError
+from omlx.units import BYTES_PER_UNIT, format_bytes
 
 logger = logging.getLogger(__name__)
 
-GB = 10**9
+GB = BYTES_PER_UNIT["GB"]
 #: Headroom the default ceiling leaves to the OS and other apps.
 OS_RESERVE_BYTES = 8 * GB
 
@@ -48,8 +49,9 @@ def default_ceiling_bytes(total_bytes: int) -> int:
 
 
 def gb(num_bytes: float) -> str:
-    """``1234567890`` -> ``"1.23 GB"`` (messages and logs)."""
-    return f"{num_bytes / GB:.2f} GB"
+    """``1234567890`` -> ``"1.23 GB"``: memory messages and logs keep one unit, so the used, soft,
+    hard and ceiling figures compare at a glance (``omlx.units.format_bytes``)."""
+    return format_bytes(num_bytes, "GB")
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,9 @@
 
 Owns knowing where each protocol's stream properly ends and writing that protocol's own error
 event when the upstream (rank 0's worker) stops before it, so an SDK client can tell a cut
-stream from a finished one. Pure: bytes in, bytes out; no sockets, no sanic, no mlx.
+stream from a finished one. Pure: bytes in, bytes out; no sockets, no sanic, no mlx. The relay
+splits the stream into events itself, keeping each one's bytes (forwarded unchanged, comments
+included); httpx-sse's decoder reads each event's fields.
 
 Proper ends (what omlx's own stream handlers send last, omlx.api.openai / anthropic / responses):
 
@@ -25,6 +27,10 @@ import copy
 import json
 from dataclasses import dataclass
 from typing import Any
+
+# Not re-exported by httpx-sse (its public EventSource reads an httpx.Response and yields no raw
+# bytes); tests/unit/test_sse_relay.py runs it, so an upgrade that moves it fails there.
+from httpx_sse._decoders import SSEDecoder
 
 from omlx.errors import OmlxError
 
@@ -50,8 +56,9 @@ class SseEvent:
 
     Attributes:
         raw: Its bytes as received, the blank line that ends it included.
-        name: Its ``event:`` field, or None.
-        data: Its ``data:`` lines joined by ``\\n`` (the SSE rule), or None (a comment).
+        name: Its ``event:`` field, or None (none, or ``message``: the default type).
+        data: Its ``data:`` lines joined by ``\\n`` (the SSE rule; ``""`` without one), or None
+            (a comment).
     """
 
     raw: bytes
@@ -121,21 +128,22 @@ class SseRelay:
             out.append(self._see(raw))
 
     def _see(self, raw: bytes) -> SseEvent:
-        name: str | None = None
-        data: list[str] = []
-        for line in raw.decode("utf-8", errors="replace").split("\n"):
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                name = value
-            elif field == "data":
-                data.append(value)
-        ev = SseEvent(raw, name, "\n".join(data) if data else None)
+        # httpx-sse reads the fields (its EventSource would drop the raw bytes and the comments,
+        # which the front must forward as they are: keep-alives during a long prefill). A decoder
+        # per event: one that has seen an ``id:`` would make the next comment an empty event.
+        decoder = SSEDecoder()
+        for line in raw[:-2].decode("utf-8", errors="replace").split("\n"):
+            decoder.decode(line)
+        sse = decoder.decode("")  # the blank line that ends the event dispatches it
+        if sse is None:  # a comment, such as a keep-alive
+            ev = SseEvent(raw, None, None)
+        else:  # no event field and "message" are one type (the SSE spec's default)
+            ev = SseEvent(raw, None if sse.event == "message" else sse.event, sse.data)
         self.num_events += 1
         if self.protocol == OPENAI:
             self.ended = self.ended or ev.data == "[DONE]"
         elif self.protocol == ANTHROPIC:
-            self.ended = self.ended or name in _ANTHROPIC_ENDS
+            self.ended = self.ended or ev.name in _ANTHROPIC_ENDS
         else:
             obj = ev.json()
             if isinstance(obj, dict):
@@ -143,7 +151,7 @@ class SseRelay:
                     self._response = obj["response"]
                 if isinstance(obj.get("sequence_number"), int):
                     self._seq = max(self._seq, obj["sequence_number"])
-            self.ended = self.ended or name in _RESPONSES_ENDS
+            self.ended = self.ended or ev.name in _RESPONSES_ENDS
         return ev
 
     def cluster_error(self, ev: SseEvent) -> str | None:

@@ -3,20 +3,20 @@
 Talks to any OpenAI-compatible server over ``/v1/chat/completions`` with ``stream: true`` and
 ``stream_options.include_usage``. Per request it records the time of the first content chunk
 (TTFT) and of every later one; tokens are ``usage.completion_tokens`` when the server reports
-them, else content chunks (each result says which). Extras used when the server has them:
-``/v1/messages/count_tokens`` (token counting) and ``/v1/models/status`` (omlx's memory
-figures, for peak memory). Must not: import anything of omlx's server.
+them, else content chunks (each result says which); the SSE framing is httpx-sse's. Extras used
+when the server has them: ``/v1/messages/count_tokens`` (token counting) and
+``/v1/models/status`` (omlx's memory figures, for peak memory). Must not: import anything of omlx's server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from httpx_sse import aconnect_sse
 
 
 @dataclass(slots=True)
@@ -55,7 +55,6 @@ class StreamResult:
     total_s: float | None = None
     chunk_times: list[float] = field(default_factory=list)
     num_content_chunks: int = 0
-    num_keepalives: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
@@ -109,25 +108,23 @@ async def stream_chat(client: httpx.AsyncClient, target: Target, body: dict[str,
     res.t_send = t0
     finish_t: float | None = None
     try:
-        async with client.stream("POST", target.base_url + "/v1/chat/completions", json=body,
-                                 headers=target.headers) as resp:
+        # httpx-sse does the SSE framing (fields, multi-line data, comments such as omlx's
+        # keep-alives skipped); an error status is read as a body first, before it could raise
+        # SSEError for a JSON content type.
+        async with aconnect_sse(client, "POST", target.base_url + "/v1/chat/completions", json=body,
+                                headers=dict(target.headers)) as source:
+            resp = source.response
             res.status = resp.status_code
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}: " + (await resp.aread()).decode(errors="replace")[:500]
                 return res
-            async for raw in resp.aiter_lines():
-                now = time.perf_counter() - t0
-                if not raw:
+            async for event in source.aiter_sse():
+                now = time.perf_counter() - t0  # an event is complete when its blank line arrives
+                if not event.data:
                     continue
-                if raw.startswith(":"):
-                    res.num_keepalives += 1
-                    continue
-                if not raw.startswith("data:"):
-                    continue
-                data = raw[5:].strip()
-                if data == "[DONE]":
+                if event.data == "[DONE]":
                     break
-                obj = json.loads(data)
+                obj = event.json()
                 usage = obj.get("usage")
                 if usage:
                     res.prompt_tokens = usage.get("prompt_tokens")
@@ -151,6 +148,7 @@ async def stream_chat(client: httpx.AsyncClient, target: Target, body: dict[str,
         res.ok = res.ttft_s is not None
         if not res.ok:
             res.error = "no content and no finish_reason in the stream"
+    # httpx_sse.SSEError (a 200 that is not text/event-stream) is an httpx.HTTPError.
     except (httpx.HTTPError, ValueError, OSError) as e:  # reported, never raised: a benchmark keeps going
         res.error = f"{type(e).__name__}: {e}"
         res.total_s = time.perf_counter() - t0

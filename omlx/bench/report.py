@@ -15,6 +15,7 @@ import statistics
 from typing import Any, Iterable
 
 from omlx.bench.runner import BenchRun, StepRun
+from omlx.units import bytes_in
 
 #: Every figure in the JSON, with the unit its name ends in.
 FIGURES = ("ttft_s", "tpot_s", "decode_tps", "aggregate_tps", "prompt_tokens", "cached_tokens",
@@ -104,7 +105,7 @@ def _r(x: float | None) -> float | None:
 
 _FMT = {"ttft_s": ("TTFT", 1e3, "ms", 0), "tpot_s": ("TPOT", 1e3, "ms", 1), "decode_tps": ("decode", 1, "tok/s", 1),
         "aggregate_tps": ("aggregate", 1, "tok/s", 1), "cached_tokens": ("cached", 1, "tok", 0),
-        "peak_memory_bytes": ("peak mem", 1 / 2**30, "GiB", 2)}
+        "peak_memory_bytes": ("peak mem", bytes_in(1, "GB"), "GB", 2)}
 
 
 def _cell(s: dict[str, Any], figure: str) -> str:

@@ -55,6 +55,7 @@ from omlx.cache.blockfile import (
 )
 from omlx.cache.hashing import HASH_NUM_BYTES, Namespace
 from omlx.cache.paged import TAIL_SLACK_TOKENS, common_prefix_len, tail_superseded
+from omlx.units import format_bytes
 
 __all__ = [
     "ChildMatch",
@@ -646,8 +647,8 @@ class SSDStore:
                     self._disk_full_at = time.monotonic()
                     if not self._warned_full:
                         self._warned_full = True
-                        logger.warning("cold KV cache: disk full at %s; budget lowered to %.1f MB",
-                                       self.dir, self._max_bytes / 1e6)
+                        logger.warning("cold KV cache: disk full at %s; budget lowered to %s",
+                                       self.dir, format_bytes(self._max_bytes))
                 else:
                     logger.warning("cold KV cache: cannot write %s: %s", path, exc)
             return

@@ -38,6 +38,7 @@ from omlx.cache.blockfile import HostBlock
 from omlx.cache.hashing import BlockHashes, Namespace, hash_block
 from omlx.cache.paged import BlockPool, KVBlock
 from omlx.cache.ssd import SSDStore
+from omlx.units import format_bytes, format_rate
 
 __all__ = [
     "PayloadCodec",
@@ -382,10 +383,10 @@ class TieredCache:
         decision = self.cost.decide(sum(p.num_bytes for p in plan), num_tokens)
         verb = "restoring" if decision.restore else "recomputing instead of restoring"
         logger.info(
-            "cold KV cache: %s %d block(s) (%.1f MB) for %d tokens: est. %.3f s read at %.0f MB/s "
+            "cold KV cache: %s %d block(s) (%s) for %d tokens: est. %.3f s read at %s "
             "vs %.3f s prefill at %.0f tok/s",
-            verb, len(plan), decision.num_bytes / 1e6, decision.num_tokens, decision.est_restore_s,
-            decision.read_bytes_per_s / 1e6, decision.est_prefill_s, decision.prefill_tokens_per_s,
+            verb, len(plan), format_bytes(decision.num_bytes), decision.num_tokens, decision.est_restore_s,
+            format_rate(decision.read_bytes_per_s), decision.est_prefill_s, decision.prefill_tokens_per_s,
         )
         if not decision.restore:
             self.num_restores_skipped += 1

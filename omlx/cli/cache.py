@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from omlx.cli.common import config_from
+from omlx.units import format_bytes
 
 app = typer.Typer(help="Inspect and maintain the SSD KV cache.", no_args_is_help=True)
 
@@ -51,11 +52,11 @@ def stats(
         return
     total_files = sum(r.num_files for r in rows)
     total_bytes = sum(r.num_bytes for r in rows)
-    typer.echo(f"SSD KV cache {root}: {total_files} block files, {total_bytes / 1e6:.1f} MB")
+    typer.echo(f"SSD KV cache {root}: {total_files} block files, {format_bytes(total_bytes)}")
     for r in rows:
         fmt = r.namespace.kv_format if r.namespace else "unknown namespace"
         layers = f"layers [{r.namespace.layer_start}, {r.namespace.layer_end})\t" if r.namespace else ""
-        typer.echo(f"  {r.digest}  {r.model_id or '?'}\t{layers}{r.num_files} files\t{r.num_bytes / 1e6:.1f} MB\t{fmt}"
+        typer.echo(f"  {r.digest}  {r.model_id or '?'}\t{layers}{r.num_files} files\t{format_bytes(r.num_bytes)}\t{fmt}"
                    + (f"\t{r.num_temp_files} temp files" if r.num_temp_files else ""))
 
 
@@ -71,7 +72,7 @@ def clear(
     root = _cache_dir(base_path, ssd_cache_dir)
     num_files, num_bytes = clear_cache_dir(root, model)
     what = f"model {model}" if model else "all models"
-    typer.echo(f"removed {num_files} block files ({num_bytes / 1e6:.1f} MB) of {what} from {root}")
+    typer.echo(f"removed {num_files} block files ({format_bytes(num_bytes)}) of {what} from {root}")
 
 
 @app.command("verify")

@@ -19,6 +19,7 @@ import typer
 from omlx.cli import cluster_worker
 from omlx.cli.common import config_from, setup_logging
 from omlx.config import ServerConfig
+from omlx.units import format_bytes, format_rate
 
 logger = logging.getLogger("omlx.cluster")
 
@@ -228,16 +229,17 @@ def _print_status(st: dict[str, Any]) -> None:
            f"heartbeat timeout {st['heartbeat_timeout_s']:g} s",
            f"members ({len(st['members'])}):"]
     for m in st["members"]:
-        cap = f"{m['memory_cap_bytes'] / 1e9:.1f} GB" if m["memory_cap_bytes"] else "none"
+        cap = format_bytes(m["memory_cap_bytes"], "GB", 1) if m["memory_cap_bytes"] else "none"
         seen = "" if m["last_seen_ago_s"] is None else f", seen {m['last_seen_ago_s']:.1f} s ago"
         out.append(f"  {m['node_id']}{' (this node)' if m['self'] else ''}: {m['hostname']} "
                    f"{','.join(m['addresses'][:2])}:{m['control_port']}"
                    f"{' http ' + str(m['http_port']) if m['http_port'] else ''}"
                    f", {m['backend']} {m['device']}, mlx {m['mlx_version']}{seen}")
-        out.append(f"    memory: {m['available_bytes'] / 1e9:.1f} GB available of {m['total_bytes'] / 1e9:.1f} GB, "
-                   f"cap {cap}; weight streaming {m['stream_rate_bytes_s'] / 1e9:.2f} GB/s")
+        out.append(f"    memory: {format_bytes(m['available_bytes'], 'GB', 1)} available of "
+                   f"{format_bytes(m['total_bytes'], 'GB', 1)}, cap {cap}; "
+                   f"weight streaming {format_rate(m['stream_rate_bytes_s'], 'GB')}")
         for peer, link in m["links"].items():
-            out.append(f"    link to {peer}: {link['bandwidth_bytes_s'] / 1e6:.0f} MB/s, "
+            out.append(f"    link to {peer}: {format_rate(link['bandwidth_bytes_s'], 'MB', 0)}, "
                        f"{link['latency_s'] * 1e3:.3f} ms one-way")
     if st["plan_table"]:
         out.append(f"plan (epoch {st['plan_epoch']}) for {st['model']}:")
@@ -315,5 +317,7 @@ def leave(
     typer.echo("left the cluster")
 
 
-# The pipeline worker of one rank (execution side); started by the node agent's launcher or by hand.
-app.command("worker", hidden=True, help="Run one pipeline rank (rank 0 serves HTTP).")(cluster_worker.worker_command)
+# The pipeline worker of one rank (execution side): the node agent's launcher starts it, and the
+# README's manual pipeline runs it by hand, so `omlx cluster --help` lists it.
+app.command("worker", help="Run one pipeline rank (rank 0 serves HTTP); the node agents of `omlx serve --cluster` and `omlx cluster join` start these themselves.")(
+    cluster_worker.worker_command)

@@ -1,4 +1,4 @@
-"""`omlx cluster worker` (hidden): run one rank of a pipeline; rank 0 serves the HTTP API.
+"""`omlx cluster worker`: run one rank of a pipeline; rank 0 serves the HTTP API.
 
 The node agent starts one worker per node with the same ``--model``, ``--ranges`` and
 ``--hostfile`` and that node's ``--rank``. Rank 0 loads its stage, then serves the normal omlx
@@ -24,6 +24,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from omlx.cli.common import config_from, reexec_with_blas, setup_logging
+from omlx.units import format_bytes
 
 logger = logging.getLogger("omlx.cluster.worker")
 
@@ -117,9 +118,9 @@ def _run(cfg: Any, path: Path, layer_ranges: list[Any], rank: int, hostfile: str
             return 2
         t0 = time.monotonic()
         stage, config = load_stage(path, layer_ranges[rank], group.group)
-        logger.info("rank %d: layers [%d, %d) of %s loaded in %.1f s (%.2f GB of weights)", rank,
+        logger.info("rank %d: layers [%d, %d) of %s loaded in %.1f s (%s of weights)", rank,
                     stage.layer_range.start, stage.layer_range.end, path.name, time.monotonic() - t0,
-                    stage_weight_bytes(stage) / 1e9)
+                    format_bytes(stage_weight_bytes(stage)))
         facts = handshake(group, stage)
         tokenizer = load_tokenizer(path)
         # Each rank keeps the KV tiers of its own layers (a folder per layer range).

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from omlx.cli.common import config_from
+from omlx.units import format_bytes
 
 app = typer.Typer(help="Manage local models (omlx's models folder and the Hugging Face hub cache).",
                   no_args_is_help=True)
@@ -61,7 +62,7 @@ def list_models(
     for col in ("ID", "SOURCE", "SIZE", "QUANTIZATION", "ARCH", "CONTEXT", "PREFIX CACHE"):
         table.add_column(col, justify="right" if col in ("SIZE", "CONTEXT") else "left", no_wrap=col == "ID")
     for r in rows:
-        table.add_row(r["id"], r["source"], f"{r['size_bytes'] / 1e6:,.0f} MB", r["quantization"],
+        table.add_row(r["id"], r["source"], format_bytes(r["size_bytes"], "MB", 0), r["quantization"],
                       r["architecture"] or "?", str(r["context_length"] or "?"), r["prefix_cache"])
     console = Console(highlight=False)
     if not console.is_terminal:  # piped: no terminal width to fit, keep rows whole
@@ -117,9 +118,9 @@ def pull_model(
         return
     progress.stop()
     e = describe(result.model.model_id, HUB_CACHE, result.model.path, result.num_bytes)
-    fetched = "already in the cache" if result.num_downloaded_bytes == 0 else f"fetched {result.num_downloaded_bytes / 1e6:,.1f} MB"
+    fetched = "already in the cache" if result.num_downloaded_bytes == 0 else f"fetched {format_bytes(result.num_downloaded_bytes, 'MB', 1)}"
     typer.echo(f"pulled {e.model_id} (commit {result.model.commit_hash[:12]}, {fetched}) into {e.path}")
-    typer.echo(f"  {e.size_bytes / 1e6:,.1f} MB on disk, {e.quantization}, {e.architecture or '?'}, "
+    typer.echo(f"  {format_bytes(e.size_bytes, 'MB', 1)} on disk, {e.quantization}, {e.architecture or '?'}, "
                f"context {e.context_length or '?'}")
     typer.echo(f"  serve it: omlx serve --model {e.model_id}")
 
@@ -171,7 +172,7 @@ def remove_model(
     if is_safe_model_id(model) and (folder / "config.json").is_file():
         size = hub.snapshot_bytes(folder)
         shutil.rmtree(folder)
-        typer.echo(f"removed {model} ({size / 1e6:,.0f} MB) from {cfg.models_dir}")
+        typer.echo(f"removed {model} ({format_bytes(size)}) from {cfg.models_dir}")
         return
     ref = hub.parse_hub_id(model)
     cache = _hub_cache(cfg)
@@ -186,4 +187,4 @@ def remove_model(
     if not freed:
         _fail(f"nothing of {model} is in the hub cache {cache}")
         return
-    typer.echo(f"removed {model} from the hub cache {cache} ({freed / 1e6:,.0f} MB freed)")
+    typer.echo(f"removed {model} from the hub cache {cache} ({format_bytes(freed)} freed)")

@@ -49,6 +49,7 @@ from omlx.cli.service_backends import (
     write_private,
 )
 from omlx.config import ServerConfig
+from omlx.units import format_bytes
 
 #: `omlx status` exit code when a service is not running (as LSB init scripts and systemctl).
 NOT_RUNNING = 3
@@ -360,14 +361,6 @@ def service_status(spec: ServiceSpec | None, paths: ServicePaths, key: str | Non
     return out
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
 def _duration(s: float) -> str:
     s = int(s)
     d, s = divmod(s, 86400)
@@ -393,13 +386,14 @@ def format_status(st: dict[str, Any]) -> str:
     if st.get("uptime_s") is not None:
         rows.append(f"  uptime    {_duration(st['uptime_s'])}")
     if st.get("rss_bytes") is not None:
-        rows.append(f"  memory    {_size(st['rss_bytes'])} RSS")
+        rows.append(f"  memory    {format_bytes(st['rss_bytes'], digits=1)} RSS")
     c = st.get("cache")
     if c:
         rate = c.get("hit_rate")
         hit = (f"hit rate {rate:.1%} of prompt tokens ({c['num_cached_tokens']} of {c['num_prompt_tokens']})"
                if rate is not None else "hit rate - (no request yet)")
-        tiers = f"; hot {_size(c.get('hot_bytes', 0))}, SSD {c.get('ssd_files', 0)} blocks ({_size(c.get('ssd_bytes', 0))})"
+        tiers = (f"; hot {format_bytes(c.get('hot_bytes', 0), digits=1)}, SSD {c.get('ssd_files', 0)} blocks "
+                 f"({format_bytes(c.get('ssd_bytes', 0), digits=1)})")
         rows.append(f"  cache     {hit}{tiers if 'hot_bytes' in c else ''}")
     if st["state"] != "external":
         rows.append(f"  log       {st['log']}")

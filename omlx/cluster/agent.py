@@ -37,6 +37,7 @@ from omlx.cluster.plan import (
     format_plan_table,
     plan_pipeline,
 )
+from omlx.units import format_rate
 
 logger = logging.getLogger(__name__)
 
@@ -350,10 +351,10 @@ class NodeAgent:
             self.membership.me.links[conn.peer_id] = (figs.bandwidth_bytes_s, figs.latency_s)
             peer.link_measured = True
             logger.info(
-                "link to %s: %.2f ms one-way, %.0f MB/s",
+                "link to %s: %.2f ms one-way, %s",
                 conn.peer_id,
                 figs.latency_s * 1e3,
-                figs.bandwidth_bytes_s / 1e6,
+                format_rate(figs.bandwidth_bytes_s, "MB", 0),
             )
             # One heartbeat first, so the member arrives with its streaming rate and links.
             try:

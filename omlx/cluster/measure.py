@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import time
 
+from omlx.units import format_bytes, format_rate
+
 logger = logging.getLogger(__name__)
 
 
@@ -37,6 +39,6 @@ def measure_stream_rate(num_bytes: int = 128 << 20, num_repeats: int = 5) -> flo
         best = min(best, time.perf_counter() - t0)
     del buf
     rate = (num_bytes // 2) * 2 / max(best, 1e-9)
-    logger.info("weight-streaming probe: %.1f GB/s over %d MiB", rate / 1e9, num_bytes >> 20)
+    logger.info("weight-streaming probe: %s over %s", format_rate(rate, "GB", 1), format_bytes(num_bytes))
     return rate
 

@@ -30,10 +30,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from omlx.units import BYTES_PER_UNIT, bytes_in, format_bytes
+
 logger = logging.getLogger(__name__)
 
-GB = 10**9
-"""Bytes per GB in messages and tables (decimal, as disk and RAM vendors print it)."""
+GB = BYTES_PER_UNIT["GB"]
+"""Bytes per GB (decimal, omlx.units' convention for every size shown)."""
 
 MAX_ORDER_SEARCH_NODES = 6
 """``search_order=True`` tries all node orders only up to this many nodes (6! = 720 orders)."""
@@ -437,7 +439,7 @@ def _min_overflow(costs: _Costs, nodes: Sequence[NodeSpec]) -> tuple[int, list[i
 
 
 def _fmt_gb(num_bytes: float) -> str:
-    return f"{num_bytes / GB:.2f} GB"
+    return format_bytes(num_bytes, "GB")  # one unit across a plan error's figures
 
 
 def _plan_error(
@@ -582,7 +584,7 @@ def even_split(layout: ModelLayout, nodes: Sequence[NodeSpec], request: PlanRequ
 
 
 def format_plan_table(plan: Plan) -> str:
-    """Render a plan as a plain-text table (GB = 10^9 bytes, times in ms), one stage per row."""
+    """Render a plan as a plain-text table (GB = 10^9 bytes, omlx.units; times in ms), one stage per row."""
     header = (
         "rank",
         "node",
@@ -605,11 +607,8 @@ def format_plan_table(plan: Plan) -> str:
                 s.node_id,
                 f"[{s.layer_start}, {s.layer_end})",
                 str(s.num_layers),
-                f"{s.weight_bytes / GB:.2f}",
-                f"{s.kv_reserve_bytes / GB:.2f}",
-                f"{s.fixed_bytes / GB:.2f}",
-                f"{s.total_bytes / GB:.2f}",
-                f"{s.cap_bytes / GB:.2f}",
+                *(f"{bytes_in(n, 'GB'):.2f}" for n in (s.weight_bytes, s.kv_reserve_bytes, s.fixed_bytes,
+                                                        s.total_bytes, s.cap_bytes)),
                 used if s.fits else f"OVER {used}",
                 f"{1000 * s.predicted_s:.2f}",
             )

@@ -33,6 +33,7 @@ from omlx.errors import (
     ModelImportError,
     NotAModelError,
 )
+from omlx.units import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -480,7 +481,7 @@ def _cleanup(repo_dir: Path, existed: bool) -> None:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+    return format_bytes(n, "MB", 1)  # one unit across the disk-space message
 
 
 def _byte_bar(on_bytes: Callable[[int], None] | None) -> type:

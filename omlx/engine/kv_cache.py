@@ -48,6 +48,7 @@ from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPoli
 from omlx.config import ServerConfig
 from omlx.engine.cache_spec import ATTENTION, CacheSpec, Payload, has_snapshot, payload_bytes, spec_of_model
 from omlx.engine.loader import LoadedModel
+from omlx.units import format_bytes, format_rate
 
 logger = logging.getLogger(__name__)
 
@@ -492,8 +493,8 @@ class PrefixCacheTiers:
             done = self.tiers.close(timeout_s)
             cold = self.tiers.cold_stats()
         if cold is not None:
-            logger.info("cold KV cache flushed in %.2f s: %d files, %.1f MB%s", time.monotonic() - t0,
-                        cold["num_files"], cold["num_bytes"] / 1e6, "" if done else " (timed out)")
+            logger.info("cold KV cache flushed in %.2f s: %d files, %s%s", time.monotonic() - t0,
+                        cold["num_files"], format_bytes(cold["num_bytes"]), "" if done else " (timed out)")
         return done
 
     def stats(self) -> dict[str, Any]:
@@ -557,8 +558,8 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
     # tails are never dropped for a longer sibling, and a hit's last part is used whole.
     stateful = spec.has_state
     pool = BlockPool(max_bytes=max_bytes, block_size=bs, tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS)
-    logger.info("hot KV cache for %s: %.2f GB budget, %d-token blocks, namespace %s, cache layout %s",
-                loaded.model_id, max_bytes / 1e9, bs, ns.digest(), spec.describe())
+    logger.info("hot KV cache for %s: %s budget, %d-token blocks, namespace %s, cache layout %s",
+                loaded.model_id, format_bytes(max_bytes), bs, ns.digest(), spec.describe())
     if spec.has_state:
         logger.info("%s has recurrent-state layers: a prefix hit resumes from the last block whose state "
                     "was snapshotted (prefill chunk ends, finished requests)", loaded.model_id)
@@ -612,9 +613,9 @@ def _make_cold_tier(
         logger.warning("SSD KV cache for %s: off: cannot use %s: %s", loaded.model_id, root, e)
         return None, None, False
     st = store.stats()
-    logger.info("SSD KV cache for %s: %s, budget %.2f GB (%s); %d block files (%.1f MB) indexed in "
-                "%.2f s, %d bad deleted", loaded.model_id, store.dir, budget / 1e9, how, st.num_files,
-                st.num_bytes / 1e6, st.scan_s, st.num_bad_files)
+    logger.info("SSD KV cache for %s: %s, budget %s (%s); %d block files (%s) indexed in "
+                "%.2f s, %d bad deleted", loaded.model_id, store.dir, format_bytes(budget), how, st.num_files,
+                format_bytes(st.num_bytes), st.scan_s, st.num_bad_files)
     num_tokens = _prefill_note_tokens(config)
     note = store.load_note("prefill")
     observed = False
@@ -629,8 +630,8 @@ def _make_cold_tier(
     read_bw = store.measure_read_bandwidth() if st.num_files else None
     logger.info("restore cost model: prefill %.0f tok/s (measured %s, %d-token block); read %s",
                 prefill, when, num_tokens,
-                f"{read_bw / 1e6:.0f} MB/s (measured)" if read_bw else
-                f"{policy.assumed_read_bytes_per_s / 1e6:.0f} MB/s (assumed until measured)")
+                f"{format_rate(read_bw)} (measured)" if read_bw else
+                f"{format_rate(policy.assumed_read_bytes_per_s)} (assumed until measured)")
     return store, RestoreCostModel(prefill, read_bw, policy), observed
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from omlx.config import ServerConfig
+from omlx.units import format_bytes
 
 SCHEMA_VERSION = 1
 LEVELS = ("ok", "info", "warning", "error")
@@ -261,6 +262,11 @@ def check_metal_toolchain(cfg: ServerConfig, facts: Facts) -> Finding:
                    "install Xcode, then `xcodebuild -downloadComponent MetalToolchain` (Xcode 26+)", detail)
 
 
+def _gb(num_bytes: float) -> str:
+    # One unit for RAM, ceiling and disk figures, so they compare at a glance.
+    return format_bytes(num_bytes, "GB", 1)
+
+
 def check_memory(cfg: ServerConfig, facts: Facts) -> Finding:
     import psutil
 
@@ -269,16 +275,16 @@ def check_memory(cfg: ServerConfig, facts: Facts) -> Finding:
     detail = {"total_bytes": total, "available_bytes": avail, "ceiling_bytes": facts.memory_ceiling_bytes}
     ceiling = facts.memory_ceiling_bytes
     if ceiling is None:
-        return Finding("memory", "info", f"{total / 1e9:.1f} GB RAM; ceiling unknown", "", detail)
+        return Finding("memory", "info", f"{_gb(total)} RAM; ceiling unknown", "", detail)
     if ceiling > total:
-        return Finding("memory", "warning", f"memory ceiling {ceiling / 1e9:.1f} GB is above the RAM "
-                       f"({total / 1e9:.1f} GB): the OS will swap before omlx reacts",
+        return Finding("memory", "warning", f"memory ceiling {_gb(ceiling)} is above the RAM "
+                       f"({_gb(total)}): the OS will swap before omlx reacts",
                        "lower [memory] ceiling (or OMLX_MEMORY_CEILING) below the RAM", detail)
     if ceiling < 2 * 10**9:
-        return Finding("memory", "warning", f"memory ceiling {ceiling / 1e9:.1f} GB leaves little room for a model",
+        return Finding("memory", "warning", f"memory ceiling {_gb(ceiling)} leaves little room for a model",
                        "raise [memory] ceiling (or OMLX_MEMORY_CEILING)", detail)
-    return Finding("memory", "ok", f"ceiling {ceiling / 1e9:.1f} GB of {total / 1e9:.1f} GB RAM "
-                   f"({avail / 1e9:.1f} GB available now)", "", detail)
+    return Finding("memory", "ok", f"ceiling {_gb(ceiling)} of {_gb(total)} RAM "
+                   f"({_gb(avail)} available now)", "", detail)
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -318,13 +324,13 @@ def check_disk(cfg: ServerConfig, facts: Facts) -> Finding:
     want = cfg.cache.ssd_cache_max_bytes
     detail["ssd_cache_max_bytes"] = want
     if free < MIN_FREE_BYTES:
-        return Finding("disk", "error", f"{free / 1e9:.2f} GB free for {where}: models and the SSD cache need more",
+        return Finding("disk", "error", f"{format_bytes(free, 'GB')} free for {where}: models and the SSD cache need more",
                        "free disk space or move --base-path / ssd_cache_dir to a larger disk", detail)
     if free < LOW_FREE_BYTES or (want and free < want):
-        return Finding("disk", "warning", f"{free / 1e9:.1f} GB free for {where}"
-                       + (f" (below ssd_cache_max_size {want / 1e9:.1f} GB)" if want and free < want else ""),
+        return Finding("disk", "warning", f"{_gb(free)} free for {where}"
+                       + (f" (below ssd_cache_max_size {_gb(want)})" if want and free < want else ""),
                        "free disk space, or lower ssd_cache_max_size", detail)
-    return Finding("disk", "ok", f"{free / 1e9:.1f} GB free", "", detail)
+    return Finding("disk", "ok", f"{_gb(free)} free", "", detail)
 
 
 def _omlx_answers(host: str, port: int) -> bool:

@@ -171,7 +171,7 @@ def test_the_pull_field_fetches_a_repo_with_a_progress_bar_and_lists_it(server, 
         hub.slow_file.clear()
     assert browser.find_element(By.ID, "pull-error").text == ""
     assert (done["bar"] or "").replace(" ", "") == "width:100%;", done
-    assert " MiB / " in done["text"]
+    assert " MB / " in done["text"]
     row = wait_for(lambda: row_now(browser, f'#catalogue tr[data-model="{HUB_REPO}"]'),
                    what="the pulled model in the catalogue")
     assert "hub cache" in row["text"] and "4-bit, group 64" in row["text"]

@@ -127,3 +127,17 @@ def test_the_workers_own_cluster_error_event_is_found_and_renamed(protocol: str,
     other = SseRelay(protocol)
     (plain,) = other.feed(b'data: {"choices":[]}\n\n')
     assert other.cluster_error(plain) is None and other.with_message(plain, "x") == plain.raw
+
+
+def test_fields_are_read_by_the_sse_rules_and_bytes_pass_unchanged() -> None:
+    # httpx-sse's decoder reads the fields: data lines joined by \n, one leading space dropped,
+    # id/retry and unknown fields ignored; the event's bytes (a comment's too) are kept as sent.
+    stream = (b": keep-alive\n\n"
+              b"event: response.output_text.delta\nid: 7\nretry: 10\nx-unknown: 1\ndata:{\"a\":\ndata:  1}\n\n"
+              b"event: message\ndata: [DONE]\n\n")
+    relay = SseRelay(RESPONSES)
+    comment, delta, done = relay.feed(stream)
+    assert (comment.name, comment.data) == (None, None) and comment.raw == b": keep-alive\n\n"
+    assert delta.name == "response.output_text.delta" and delta.data == '{"a":\n 1}' and delta.json() == {"a": 1}
+    assert b"".join(e.raw for e in (comment, delta, done)) == stream
+    assert done.name is None and done.data == "[DONE]" and done.json() is None
