@@ -21,6 +21,7 @@ maps exceptions to responses in one place (`omlx.api.errors`); nothing else buil
     │   ├── InsufficientDiskError (507)  not enough free disk for a download
     │   └── HubUnreachableError (502)    the hub cannot be reached, or a download broke off
     ├── PlanError (400)                  a cluster plan that cannot fit
+    ├── ConfigError (500)                a config mistake (file, variable, flag): the server refuses to start
     ├── ClusterUnavailableError (503)    a pipeline peer is lost or frozen; the workers must restart
     └── EngineError (500)                generation failed for this request only
 """
@@ -216,6 +217,12 @@ class ClusterUnavailableError(OmlxError):
 
     def headers(self) -> dict[str, str]:
         return {"retry-after": str(self.retry_after_s)} if self.retry_after_s else {}
+
+
+class ConfigError(OmlxError):
+    """A mistake in the configuration (the TOML file, an ``OMLX_*`` variable, a flag): the message
+    names the source, the key and what was expected. Raised before the server starts, which
+    refuses to; never an HTTP answer."""
 
 
 class EngineError(OmlxError):
