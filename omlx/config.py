@@ -198,9 +198,10 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class _Bad(ValueError):
-    """A check of several keys that fails; ``keys`` (dotted, from the model) are the ones it
-    reads, the first that some source set is named in the error."""
+class _Bad(ConfigError, ValueError):
+    """A check of several keys that fails, raised inside pydantic's validation (so a ValueError);
+    ``keys`` (dotted, from the model) are the ones it reads, the first that some source set is
+    named in the error `load_config` raises."""
 
     def __init__(self, keys: tuple[str, ...], message: str):
         super().__init__(message)

@@ -270,3 +270,13 @@ def test_server_config_built_directly_reads_no_environment(monkeypatch: pytest.M
     monkeypatch.setenv("OMLX_PORT", "7777")
     assert ServerConfig().port == 8000
     assert load_config({}, None, None).port == 7777
+
+
+def test_the_config_and_its_sections_are_frozen():
+    from pydantic import ValidationError
+
+    cfg = load_config({}, {}, None)
+    for obj, name in ((cfg, "port"), (cfg.cache, "block_size"), (cfg.memory, "ceiling_bytes"),
+                      (cfg.cluster, "secret")):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(obj, name, 1)
