@@ -190,10 +190,6 @@ def _key(default: Any = None, description: str = "", *, example: Any, toml: str 
     return Field(default, description=description, examples=[example], json_schema_extra=extra)
 
 
-def _section(model: type[BaseModel], description: str) -> Any:
-    return Field(default_factory=model, description=description)
-
-
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -424,7 +420,7 @@ class ServerConfig(BaseSettings):
     strict_content: bool = _key(False, (
         "answer a 400 for content a text model cannot read (images, documents) instead of serving a placeholder"),
         example=True)
-    cache: CacheConfig = _section(CacheConfig, "`[cache]`: the KV cache tiers")
+    cache: CacheConfig = Field(default_factory=CacheConfig, description="`[cache]`: the KV cache tiers")
     aliases: Annotated[Mapping[str, str], BeforeValidator(_pairs)] = _key(None, (
         "`[aliases]`: requested model id -> served id (e.g. the ids Claude Code asks for); flags, env "
         "(`NAME=TARGET,...`) and file entries are merged, per name the higher source wins"),
@@ -457,8 +453,8 @@ class ServerConfig(BaseSettings):
     model_settings: Mapping[str, ModelSettings] = _key(None, (
         "per-model settings, one table per model id (the next table)"), toml="models",
         sources=("file", "flags"), factory=dict, example={"smol": {"context_length": 4096}})
-    memory: MemoryConfig = _section(MemoryConfig, "`[memory]`: the process memory limits")
-    cluster: ClusterConfig = _section(ClusterConfig, "`[cluster]`: cluster mode")
+    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="`[memory]`: the process memory limits")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="`[cluster]`: cluster mode")
     test_fault: str | None = _key(None, (
         "TEST ONLY: faults to inject into generation (`omlx.engine.faults`); never set in production"),
         sources=("env",), example="forward:seed=7")
@@ -608,11 +604,16 @@ def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 
 def _has(tree: Any, path: tuple[Any, ...]) -> bool:
+    return _at(tree, path, missing := object()) is not missing
+
+
+def _at(tree: Any, path: tuple[Any, ...], missing: Any = None) -> Any:
+    """The value at ``path`` in nested mappings; ``missing`` where there is none."""
     for p in path:
         if not isinstance(tree, Mapping) or p not in tree:
-            return False
+            return missing
         tree = tree[p]
-    return True
+    return tree
 
 
 class _EnvSource(PydanticBaseSettingsSource):
@@ -708,12 +709,6 @@ class _Sources:
         return any(_has(tree, loc) for _, tree in self._trees())
 
 
-def _at(tree: Any, path: tuple[Any, ...]) -> Any:
-    for p in path:
-        tree = tree.get(p) if isinstance(tree, Mapping) else None
-    return tree
-
-
 def _dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc)
 
@@ -806,9 +801,3 @@ def load_config(
     finally:
         _LOADING.reset(token)
 
-
-__all__ = [
-    "CONFIG_FILE_ENV", "DEFAULT_BASE_PATH", "KV_BITS_CHOICES", "KV_GROUP_SIZE_CHOICES", "MODEL_TASKS",
-    "PROFILE_KEYS", "SOURCES", "CacheConfig", "ClusterConfig", "MemoryConfig", "ModelSettings",
-    "ServerConfig", "SettingKey", "load_config", "parse_pairs", "parse_size", "setting_keys",
-]
