@@ -218,7 +218,8 @@ def synthetic_70b_layout() -> Any:
 
 def plan_tables(model_dir: Path) -> list[dict[str, Any]]:
     from omlx.cluster.layer_bytes import activation_bytes_per_token, read_layout
-    from omlx.cluster.plan import PlanError, PlanRequest, even_split, format_plan_table, parse_nodes_spec, plan_pipeline
+    from omlx.cluster.plan import PlanRequest, even_split, format_plan_table, parse_nodes_spec, plan_pipeline
+    from omlx.errors import PlanError
 
     cases = [
         ("SmolLM2 f32", read_layout(model_dir), PlanRequest(2048, 1, activation_bytes_per_token(model_dir)),

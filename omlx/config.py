@@ -1,8 +1,15 @@
-"""Configuration: frozen dataclasses built once, at the edge.
+"""Configuration: frozen pydantic models built once, at the edge, by pydantic-settings.
 
-Precedence, highest first: command-line flags > ``OMLX_*`` environment variables > the TOML
-file (``--config``, default ``<base-path>/config.toml``) > defaults. Environment variables are
-read here and nowhere else.
+Precedence, highest first: command-line flags (`load_config`'s ``flags``, pydantic-settings'
+init source) > ``OMLX_*`` environment variables > the TOML file (``--config`` or ``OMLX_CONFIG``,
+default ``<base-path>/config.toml``) > defaults. Environment variables are read here and nowhere
+else. Every key is a model field whose ``description`` is its documentation (the README's
+configuration table is generated from it: ``python -m omlx.cli.config_table``); its TOML key and
+environment variable are derived from the field (`setting_keys`). A mistake in any source is a
+`ConfigError` naming the source (file, variable or command line), the key and what was expected.
+
+Must not: import anything of omlx but ``omlx.errors``; read the environment outside
+`load_config`.
 
 TOML layout::
 
@@ -14,7 +21,6 @@ TOML layout::
     kv_group_size = 64
     api_key = "..."
     context_scale_to = 200000      # Anthropic API: report token counts as if the window were this
-    strict_content = false         # true: an image or file a text model cannot read is a 400
     [cache]
     block_size = 256
     hot_cache_max_size = "2GB"
@@ -38,31 +44,45 @@ TOML layout::
     peers = ["10.0.0.2:8470"]      # static peers, for networks mDNS does not cross
     control_port = 8470
     memory_cap = "48GB"            # most this node gives the cluster
+
+Environment variables: ``OMLX_<KEY>`` for top-level keys, ``OMLX_MEMORY_<KEY>`` and
+``OMLX_CLUSTER_<KEY>`` for the ``[memory]`` and ``[cluster]`` tables, ``OMLX_<KEY>`` for
+``[cache]`` (its keys name the cache already); a field may name its own (``OMLX_MODEL``).
+Lists are comma-separated (``OMLX_MODEL=a,b``), aliases ``NAME=TARGET`` pairs.
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-from omlx.errors import InvalidRequestError
+from omlx.errors import ConfigError
 
 DEFAULT_BASE_PATH = "~/.omlx"
+#: The environment variable naming the config file (``--config`` on the command line).
+CONFIG_FILE_ENV = "OMLX_CONFIG"
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 #: ``kv_bits`` and ``kv_group_size`` values ``mx.quantize`` supports (affine mode).
 KV_BITS_CHOICES = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZE_CHOICES = (32, 64, 128)
+#: Where a key may be set from; a field's ``sources`` (json_schema_extra) narrows it.
+SOURCES = ("file", "env", "flags")
 
 
 def parse_size(value: str | int | float) -> int:
@@ -72,19 +92,119 @@ def parse_size(value: str | int | float) -> int:
         The size in bytes.
 
     Raises:
-        InvalidRequestError: if the text is not a size.
+        ValueError: if the value is not a size (true/false included).
     """
+    if isinstance(value, bool):
+        raise ValueError("expected a byte size such as 512MB or 8GB, not true/false")
     if isinstance(value, (int, float)):
         return int(value)
     m = _SIZE_RE.match(str(value))
     if not m:
-        raise InvalidRequestError(f"not a byte size: {value!r} (use e.g. 512MB, 8GB)")
+        raise ValueError(f"not a byte size: {value!r} (use e.g. 512MB, 8GB)")
     unit = (m.group(2) or "").upper()
     binary = "I" in unit
     letter = unit[:1] if unit and unit != "B" else ""
     mult = (1024 ** "KMGT".index(letter) * 1024 if binary else _UNITS[letter]) if letter else 1
     return int(float(m.group(1)) * mult)
 
+
+# ---- value types: what each source may write for a key ------------------------------------------
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # TOML true would be 1 or 1.0: never what was meant
+        raise ValueError("expected a number, not true/false")
+    return value
+
+
+def _none_for(*words: Any) -> Callable[[Any], Any]:
+    """A before-validator: these values (``"off"``, ``0``, ...) mean None; true/false is refused."""
+    def check(value: Any) -> Any:
+        value = _not_bool(value)
+        if value is None or (isinstance(value, str) and value.strip().lower() in words) or (
+                not isinstance(value, str) and value in words):
+            return None
+        return value
+    return check
+
+
+def _size_or_none(value: Any) -> int | None:
+    return None if value is None or value == "" else parse_size(value)
+
+
+def _names(value: Any) -> Any:
+    """``"a, b"`` (an environment variable, a TOML string) -> ``("a", "b")``."""
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    return value
+
+
+def parse_pairs(items: str | list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``"NAME=TARGET,N2=T2"`` (an environment variable) or ``["NAME=TARGET", ...]`` (``--alias``)
+    -> {NAME: TARGET, N2: T2}, names and targets stripped.
+
+    Raises:
+        ValueError: an item without ``=``, or with an empty name or target.
+    """
+    out: dict[str, str] = {}
+    for item in items.split(",") if isinstance(items, str) else items:
+        if isinstance(items, str) and not item.strip():
+            continue
+        name, sep, target = item.partition("=")
+        if not sep or not name.strip() or not target.strip():
+            raise ValueError(f"expected NAME=TARGET, got {item!r}")
+        out[name.strip()] = target.strip()
+    return out
+
+
+def _pairs(value: Any) -> Any:
+    return parse_pairs(value) if isinstance(value, str) else value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Num = Annotated[float, BeforeValidator(_not_bool)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+OptSize = Annotated[int | None, BeforeValidator(_size_or_none)]
+OptInt = Annotated[int | None, BeforeValidator(_not_bool)]
+OptNum = Annotated[float | None, BeforeValidator(_not_bool)]
+Names = Annotated[tuple[str, ...], BeforeValidator(_names)]
+
+
+def _key(default: Any = None, description: str = "", *, example: Any, toml: str | None = None,
+         env: str | None = None, sources: tuple[str, ...] = SOURCES, factory: Any = None) -> Any:
+    """A setting: its default, documentation, an example value (used by the docs and the tests
+    that set every key from every source), and where it may come from.
+
+    Args:
+        toml: its key in its TOML table when that is not the field name.
+        env: its environment variable when that is not the derived one (`setting_keys`).
+        sources: the subset of `SOURCES` it may be set from.
+    """
+    extra: dict[str, Any] = {"sources": list(sources)}
+    if toml:
+        extra["toml"] = toml
+    if env:
+        extra["env"] = env
+    if factory is not None:
+        return Field(default_factory=factory, description=description, examples=[example], json_schema_extra=extra)
+    return Field(default, description=description, examples=[example], json_schema_extra=extra)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Bad(ConfigError, ValueError):
+    """A check of several keys that fails, raised inside pydantic's validation (so a ValueError);
+    ``keys`` (dotted, from the model) are the ones it reads, the first that some source set is
+    named in the error `load_config` raises."""
+
+    def __init__(self, keys: tuple[str, ...], message: str):
+        super().__init__(message)
+        self.keys = keys
+
+
+# ---- per-model settings --------------------------------------------------------------------------
 
 #: ModelSettings fields a profile may set: per-request behaviour, never what is loaded.
 PROFILE_KEYS = (
@@ -95,266 +215,310 @@ PROFILE_KEYS = (
 MODEL_TASKS = ("chat", "embeddings", "rerank")
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSettings:
-    """Per-model settings from the ``[models."<id>"]`` TOML tables.
+class ModelSettings(_Frozen):
+    """Per-model settings from the ``[models."<id>"]`` TOML tables (each field's description
+    says what it does). A request's own fields always win over the ``default_*`` ones;
+    ``max_output_tokens`` clamps whatever was asked."""
 
-    A request's own fields always win over the ``default_*`` ones; ``max_output_tokens`` clamps
-    whatever was asked.
+    context_length: OptInt = Field(None, description="most tokens (prompt + output); none = the model's config")
+    tool_dialect: str | None = Field(None, description="tool-call format; none = detected from the chat template")
+    default_temperature: OptNum = Field(None, description="sampling temperature when a request leaves it out")
+    default_top_p: OptNum = Field(None, description="top-p when a request leaves it out")
+    default_top_k: OptInt = Field(None, description="top-k when a request leaves it out")
+    default_min_p: OptNum = Field(None, description="min-p when a request leaves it out")
+    default_repetition_penalty: OptNum = Field(None, description="repetition penalty when a request leaves it out")
+    default_max_tokens: OptInt = Field(None, description="output token limit when a request leaves it out")
+    max_output_tokens: OptInt = Field(None, description=(
+        "most tokens one response may generate; a request asking for more (Claude Code asks for 32000+) "
+        "is clamped to it; none: only the context limits it"))
+    enable_thinking: StrictBool | None = Field(None, description=(
+        "reasoning on/off when the request does not say; none = the chat template's default"))
+    ttl_s: OptNum = Field(None, description="unload after this many seconds without requests; none = never")
+    pin: StrictBool = Field(False, description="load at start and never evict")
+    aliases: Names = Field((), description="other names requests may use for this model")
+    path: str | None = Field(None, description="the model folder (or .gguf) when it is not `<base-path>/models/<id>`")
+    task: str | None = Field(None, description="`chat`, `embeddings` or `rerank`; none = detected from config.json")
+    profiles: Mapping[str, ModelSettings] = Field(default_factory=dict, description=(
+        "`[models.\"<id>\".profiles.<name>]`: an overlay of the per-request keys above (tool_dialect, "
+        "default_*, max_output_tokens, enable_thinking), served as `<id>:<name>` on the same engine"))
 
-    Attributes:
-        context_length: most tokens (prompt + output); None = the model's config.
-        tool_dialect: tool-call format; None = detected from the chat template.
-        default_temperature, default_top_p, default_top_k, default_min_p,
-            default_repetition_penalty, default_max_tokens: sampling used when a request
-            leaves the field out.
-        max_output_tokens: most tokens one response may generate; a request asking for more
-            (Claude Code asks for 32000+) is clamped to it. None: only the context limits it.
-        enable_thinking: reasoning on/off when the request does not say; None = the template's.
-        ttl_s: unload after this many seconds without requests; None = never.
-        pin: load at start and never evict.
-        aliases: other names requests may use for this model.
-        path: the model folder (or .gguf) when it is not ``<base-path>/models/<id>``.
-        task: "chat", "embeddings" or "rerank"; None = detected from config.json.
-        profiles: name -> overlay (only PROFILE_KEYS set), served as ``<id>:<name>`` on the same
-            engine.
+    @field_validator("aliases", mode="after")
+    @classmethod
+    def _aliases_named(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not all(v):
+            raise ValueError("aliases must be a list of model names")
+        return v
+
+    @field_validator("task", mode="after")
+    @classmethod
+    def _task_known(cls, v: str | None) -> str | None:
+        if v not in (None, *MODEL_TASKS):
+            raise ValueError(f"task must be one of {', '.join(MODEL_TASKS)}")
+        return v
+
+    @field_validator("ttl_s", mode="after")
+    @classmethod
+    def _ttl_positive(cls, v: float | None) -> float | None:
+        if v is not None and v <= 0:
+            raise ValueError("ttl_s must be > 0 (leave it out for no TTL)")
+        return v
+
+    @field_validator("profiles", mode="after")
+    @classmethod
+    def _profiles_overlay_only(cls, v: Mapping[str, ModelSettings]) -> Mapping[str, ModelSettings]:
+        for name, p in v.items():
+            if not name or ":" in name or "/" in name:
+                raise ValueError(f"bad profile name {name!r} (no ':' or '/')")
+            wrong = sorted(p.model_fields_set - set(PROFILE_KEYS))
+            if wrong:
+                raise ValueError(f"profile {name!r}: {', '.join(map(repr, wrong))} cannot be set in a profile "
+                                 f"(allowed: {', '.join(PROFILE_KEYS)})")
+        return v
+
+
+# ---- sections ------------------------------------------------------------------------------------
+
+
+class MemoryConfig(_Frozen):
+    """The process memory limits (`omlx.memory.ProcessMemoryEnforcer`, ``[memory]`` in TOML)."""
+
+    ENV_PREFIX: ClassVar[str] = "OMLX_MEMORY_"
+
+    ceiling_bytes: OptSize = _key(None, (
+        "most memory the process may use, e.g. `12GB`; models are unloaded (LRU) to stay under it; "
+        "none = total RAM - 8 GB, at least half of RAM"), toml="ceiling", example="12GB")
+    soft_watermark: Num = _key(0.90, (
+        "fraction of the ceiling above which admission pauses and idle models are evicted; a model "
+        "load must leave the process below it"), example=0.8)
+    hard_watermark: Num = _key(0.97, (
+        "fraction above which the hot KV caches shrink, then models are evicted, then the youngest "
+        "request is aborted"), example=0.99)
+    load_wait_s: Num = _key(120.0, (
+        "how long a request waits for a model to load or for memory to free up before it gets a 507/529"),
+        example=30.0)
+    check_interval_s: Num = _key(1.0, "period of the memory enforcer and TTL checks, in seconds", example=0.5)
+
+    @model_validator(mode="after")
+    def _check(self) -> MemoryConfig:
+        if not 0 < self.soft_watermark <= self.hard_watermark <= 1:
+            raise _Bad(("memory.soft_watermark", "memory.hard_watermark"),
+                       "memory watermarks must satisfy 0 < soft_watermark <= hard_watermark <= 1")
+        if self.ceiling_bytes is not None and self.ceiling_bytes < 1:
+            raise _Bad(("memory.ceiling_bytes",), "memory ceiling must be a positive size, e.g. 12GB")
+        return self
+
+
+class CacheConfig(_Frozen):
+    """KV cache tiers (``[cache]`` in TOML)."""
+
+    ENV_PREFIX: ClassVar[str] = "OMLX_"
+
+    block_size: Int = _key(256, "KV block size in tokens", example=64)
+    hot_cache_max_bytes: OptSize = _key(None, "RAM budget of the hot KV tier, e.g. `2GB`; none = derived from memory at start",
+                                        toml="hot_cache_max_size", example="2GB")
+    enabled: bool = _key(True, "false turns the prefix cache off (for A/B runs)", env="OMLX_CACHE_ENABLED", example=False)
+    ssd_cache_dir: str | None = _key(None, "cold KV tier folder: one safetensors file per block; none = `<base-path>/cache`",
+                                     example="/tmp/omlx-cache")
+    ssd_cache_max_bytes: OptSize = _key(None, (
+        "disk budget of the cold tier, e.g. `20GB` (printed at start); none = min(10% of free disk, 50 GB)"),
+        toml="ssd_cache_max_size", example="20GB")
+    ssd_enabled: bool = _key(True, "false keeps KV blocks in RAM only", env="OMLX_SSD_CACHE_ENABLED", example=False)
+    ssd_write_through_hits: Int = _key(2, (
+        "write a hot block to disk (high priority) once it was hit this many times; 0 turns that off"), example=0)
+    ssd_write_new_blocks: bool = _key(True, (
+        "queue every new full block for disk at low priority, so a crash (kill -9) loses only the write queue"),
+        example=False)
+
+    @field_validator("block_size", mode="after")
+    @classmethod
+    def _block_size(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("block_size must be >= 1")
+        return v
+
+
+class ClusterConfig(_Frozen):
+    """Cluster mode (``[cluster]`` in TOML; see ``omlx.cluster.agent``)."""
+
+    ENV_PREFIX: ClassVar[str] = "OMLX_CLUSTER_"
+
+    secret: str | None = _key(None, "shared secret every node must hold to join (>= 8 bytes); none = not set",
+                              example="s3cret-s3cret")
+    peers: Names = _key((), "static peers `host:port` (mDNS does not cross subnets or VPNs)", example=["10.0.0.2:8470"])
+    control_host: str = _key("0.0.0.0", "address the control channel binds", example="127.0.0.1")
+    control_port: Int = _key(8470, "TCP port of the control channel", example=9470)
+    mdns: bool = _key(True, "advertise and browse `_omlx._tcp` over zeroconf", example=False)
+    heartbeat_interval_s: Num = _key(1.0, "seconds between heartbeats to each member", example=0.5)
+    heartbeat_timeout_s: Num = _key(3.0, "a member silent this long (seconds) has left: a new epoch starts", example=6.0)
+    memory_cap_bytes: OptSize = _key(None, "most memory this node gives a pipeline, e.g. `48GB`; none = what is available",
+                                     toml="memory_cap", example="48GB")
+    headroom_bytes: Size = _key(2 * 10**9, "memory each node keeps free beyond its stage", toml="headroom", example="4GB")
+    context_tokens: Int = _key(4096, "KV reserve per sequence the plan leaves room for, in tokens", example=8192)
+    worker_port: Int = _key(8480, (
+        "first port of this node's ring endpoint (mx.distributed) in the hostfile; epoch E uses "
+        "worker_port + E % 32, so a new epoch never meets the last one's sockets"), example=9480)
+    step_timeout_s: Num = _key(30.0, (
+        "most seconds one pipeline step (or the ring's start) may block before the workers count a peer as lost"),
+        example=60.0)
+    start_workers: bool = _key(True, (
+        "start `omlx cluster worker` for each plan; false = plan only (dry run: status shows the command "
+        "line each node would run)"), example=False)
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:
+            raise _Bad(("cluster.heartbeat_interval_s", "cluster.heartbeat_timeout_s"),
+                       "cluster heartbeat_interval_s must be > 0 and below heartbeat_timeout_s")
+        return self
+
+
+# ---- the server ----------------------------------------------------------------------------------
+
+#: `load_config`'s sources for the ServerConfig being built in this context (None: only what is
+#: passed to the constructor, so ``ServerConfig()`` in a test is the defaults).
+_LOADING: contextvars.ContextVar[_Sources | None] = contextvars.ContextVar("omlx_config_sources", default=None)
+
+
+class ServerConfig(BaseSettings):
+    """Everything `omlx serve` needs; built once by the CLI (`load_config`).
+
+    Constructed directly it holds its defaults and what is passed (no environment, no file).
+    Each field's description says what it does.
     """
 
-    context_length: int | None = None
-    tool_dialect: str | None = None
-    default_temperature: float | None = None
-    default_top_p: float | None = None
-    default_top_k: int | None = None
-    default_min_p: float | None = None
-    default_repetition_penalty: float | None = None
-    default_max_tokens: int | None = None
-    max_output_tokens: int | None = None
-    enable_thinking: bool | None = None
-    ttl_s: float | None = None
-    pin: bool = False
-    aliases: tuple[str, ...] = ()
-    path: str | None = None
-    task: str | None = None
-    profiles: Mapping[str, ModelSettings] = field(default_factory=dict)
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", case_sensitive=True, validate_default=False)
+    ENV_PREFIX: ClassVar[str] = "OMLX_"
 
+    host: str = _key("127.0.0.1", "address to bind; any other than loopback requires an API key", example="127.0.0.2")
+    port: Int = _key(8000, "TCP port of the HTTP API", example=7001)
+    models: Names = _key((), (
+        "model ids, mlx-lm folders or `.gguf` files to load at start (the first is the default); "
+        "none = the embedded SmolLM2-135M-Instruct"), toml="model", example=["smol", "other"])
+    max_concurrent_requests: Int = _key(8, "requests decoding at once per model (1 to 1024)", example=3)
+    max_queued_requests: Int = _key(64, "requests waiting per model beyond those before a 429 with `Retry-After`",
+                                    example=16)
+    base_path: str = _key(DEFAULT_BASE_PATH, "omlx's home: models, cache, config", example="/tmp/omlx-home")
+    hub_cache_dir: str | None = _key(None, (
+        "the Hugging Face hub cache omlx reads models from and pulls into; none = huggingface_hub's own "
+        "(`HF_HUB_CACHE`, `$HF_HOME/hub`, `~/.cache/huggingface/hub`)"), example="/tmp/hub")
+    api_key: str | None = _key(None, "required on every route when set (`Authorization: Bearer` or `x-api-key`)",
+                               example="sk-local")
+    max_body_bytes: Size = _key(32 * 1024 * 1024, "larger request bodies get a 413", example="64MB")
+    keepalive_s: Num = _key(5.0, "seconds between SSE keep-alives while a prompt is queued or prefilled", example=2.0)
+    idle_text_after_s: Annotated[float | None, BeforeValidator(_none_for("", "none", "off"))] = _key(60.0, (
+        "Anthropic streams only: once a stream has gone this many seconds without content (a long "
+        "prefill, a long queue wait), its keep-alives become empty `text_delta` events in an open text "
+        "block, because Claude Code's stream idle watchdog (300 s) ignores `ping` events (*Long first "
+        "prompts*); `off` keeps pings. The turn's first block is then a text block, empty when the "
+        "model's answer starts with a tool call"), example=30.0)
+    preload_blas: bool = _key(True, "re-exec with OpenBLAS preloaded on Linux when MLX would use reference BLAS",
+                              example=False)
+    log_level: str = _key("INFO", "DEBUG, INFO, WARNING", example="DEBUG")
+    disable_kernels: Names = _key((), (
+        "native kernels to keep off (names from `metal/`, or `all`); each is reported at start-up and in /health"),
+        example=["kv_gather"])
+    strict_content: bool = _key(False, (
+        "answer a 400 for content a text model cannot read (images, documents) instead of serving a placeholder"),
+        example=True)
+    cache: CacheConfig = Field(default_factory=CacheConfig, description="`[cache]`: the KV cache tiers")
+    aliases: Annotated[Mapping[str, str], BeforeValidator(_pairs)] = _key(None, (
+        "`[aliases]`: requested model id -> served id (e.g. the ids Claude Code asks for); flags, env "
+        "(`NAME=TARGET,...`) and file entries are merged, per name the higher source wins"),
+        factory=dict, example={"claude-haiku-4-5": "smol"})
+    context_scale_to: Annotated[int | None, BeforeValidator(_none_for("", 0, "0"))] = _key(None, (
+        "when set, the Anthropic API reports token counts scaled by `context_scale_to / model context` so "
+        "a client that assumes this larger window compacts at the model's real limit (`docs/ANTHROPIC.md`); "
+        "none reports real counts"), example=200000)
+    kv_bits: Annotated[int | None, BeforeValidator(_none_for("", "none", "off"))] = _key(None, (
+        "quantize every chat model's full-attention KV cache to this many bits (2, 3, 4, 5, 6, 8; mlx-lm's "
+        "`QuantizedKVCache`, from the first token, batched by omlx); the prefix cache keeps the quantized "
+        "blocks (their own namespace); none keeps the model's dtype (see *--kv-bits* below the table)"),
+        example=8)
+    kv_group_size: Int = _key(64, "elements per quantization group along the head dim with `kv_bits`: 32, 64 or 128",
+                              example=32)
+    prefill_step_size: Annotated[int | None, BeforeValidator(_none_for("", "auto", 0, "0"))] = _key(None, (
+        "most prompt tokens of one prefill chunk (alone and beside decoding streams), a multiple of the "
+        "block size; none = measured per model and device at load (logged). Pin it to make two servers "
+        "cut prompts alike (different cuts change the last bits of KV values and logits)"), example=512)
+    max_tpot_slowdown: Num = _key(2.0, (
+        "prefill pacing: while prompts prefill beside decoding sequences, their mean time per output "
+        "token is held to at most this many times a decode-only step by letting a prefill chunk into "
+        "only some steps (`omlx.engine.pacing`); a prompt that arrives while nothing decodes, or whose "
+        "whole prefill is one chunk, is never held. Values <= 1 turn pacing off (a chunk in every step: "
+        "fastest prefill, slowest streams)"), example=3.5)
+    lookup_draft_tokens: Int = _key(0, (
+        "experimental prompt-lookup speculative decoding: most tokens drafted per verify step for a "
+        "greedy request decoding alone (`omlx.engine.lookup`; output equals plain greedy decoding); "
+        "0 = off (see *--lookup-draft-tokens* below the table)"), example=4)
+    model_settings: Mapping[str, ModelSettings] = _key(None, (
+        "per-model settings, one table per model id (the next table)"), toml="models",
+        sources=("file", "flags"), factory=dict, example={"smol": {"context_length": 4096}})
+    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="`[memory]`: the process memory limits")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="`[cluster]`: cluster mode")
+    test_fault: str | None = _key(None, (
+        "TEST ONLY: faults to inject into generation (`omlx.engine.faults`); never set in production"),
+        sources=("env",), example="forward:seed=7")
+    test_park: bool = _key(False, (
+        "TEST ONLY: requests may ask to wait at an await point of their route until their client leaves "
+        "(`omlx.api.park`); never set in production"), sources=("env",), example=True)
 
-_SETTING_TYPES: dict[str, tuple[type, ...]] = {
-    "context_length": (int,), "tool_dialect": (str,), "default_temperature": (int, float),
-    "default_top_p": (int, float), "default_top_k": (int,), "default_min_p": (int, float),
-    "default_repetition_penalty": (int, float), "default_max_tokens": (int,),
-    "max_output_tokens": (int,), "enable_thinking": (bool,), "ttl_s": (int, float), "pin": (bool,),
-    "path": (str,), "task": (str,),
-}
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   **_: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        """init (the flags) > `load_config`'s environment and file sources, when it is loading."""
+        loading = _LOADING.get()
+        if loading is None:
+            return (init_settings,)
+        return (init_settings, *loading.lower)
 
+    @field_validator("max_concurrent_requests", mode="after")
+    @classmethod
+    def _concurrency(cls, v: int) -> int:
+        if not 1 <= v <= 1024:
+            raise ValueError("max_concurrent_requests must be between 1 and 1024")
+        return v
 
-def parse_model_settings(model_id: str, table: Mapping[str, Any], *, profile: str | None = None) -> ModelSettings:
-    """One ``[models."<id>"]`` table (or one of its ``profiles.<name>`` tables) -> ModelSettings.
+    @field_validator("kv_bits", mode="after")
+    @classmethod
+    def _kv_bits(cls, v: int | None) -> int | None:
+        if v is not None and v not in KV_BITS_CHOICES:
+            raise ValueError(f"kv_bits must be one of {', '.join(map(str, KV_BITS_CHOICES))}, got {v}")
+        return v
 
-    Raises:
-        InvalidRequestError: an unknown key, a value of the wrong type, or a profile setting
-            something only a model can (ttl_s, pin, path, ...); the message names the key.
-    """
-    where = f'models."{model_id}"' + (f".profiles.{profile}" if profile else "")
-    if not isinstance(table, Mapping):
-        raise InvalidRequestError(f"[{where}] must be a table")
-    kwargs: dict[str, Any] = {}
-    for key, value in table.items():
-        if profile is not None and key not in PROFILE_KEYS:
-            raise InvalidRequestError(f"[{where}]: {key!r} cannot be set in a profile (allowed: {', '.join(PROFILE_KEYS)})")
-        if key == "aliases":
-            if isinstance(value, str):
-                value = [value]
-            if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) and a for a in value):
-                raise InvalidRequestError(f"[{where}].aliases must be a list of model names")
-            kwargs["aliases"] = tuple(value)
-        elif key == "profiles":
-            if not isinstance(value, Mapping):
-                raise InvalidRequestError(f"[{where}].profiles must be a table of tables")
-            for name in value:
-                if not name or ":" in name or "/" in name:
-                    raise InvalidRequestError(f"[{where}]: bad profile name {name!r} (no ':' or '/')")
-            kwargs["profiles"] = {str(n): parse_model_settings(model_id, t, profile=str(n)) for n, t in value.items()}
-        elif key in _SETTING_TYPES:
-            types = _SETTING_TYPES[key]
-            if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
-                raise InvalidRequestError(f"[{where}].{key} has the wrong type: {value!r}")
-            kwargs[key] = float(value) if float in types else value
-        else:
-            raise InvalidRequestError(f"[{where}]: unknown setting {key!r}")
-    if kwargs.get("task") not in (None, *MODEL_TASKS):
-        raise InvalidRequestError(f"[{where}].task must be one of {', '.join(MODEL_TASKS)}")
-    if kwargs.get("ttl_s") is not None and kwargs["ttl_s"] <= 0:
-        raise InvalidRequestError(f"[{where}].ttl_s must be > 0 (leave it out for no TTL)")
-    return ModelSettings(**kwargs)
+    @field_validator("kv_group_size", mode="after")
+    @classmethod
+    def _kv_group_size(cls, v: int) -> int:
+        if v not in KV_GROUP_SIZE_CHOICES:
+            raise ValueError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZE_CHOICES))}, got {v}")
+        return v
 
+    @field_validator("max_tpot_slowdown", mode="after")
+    @classmethod
+    def _slowdown(cls, v: float) -> float:
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"max_tpot_slowdown must be a number >= 0 (<= 1 turns pacing off), got {v}")
+        return v
 
-@dataclass(frozen=True, slots=True)
-class MemoryConfig:
-    """The process memory limits (`omlx.memory.ProcessMemoryEnforcer`, ``[memory]`` in TOML).
+    @field_validator("lookup_draft_tokens", mode="after")
+    @classmethod
+    def _lookup(cls, v: int) -> int:
+        if not 0 <= v <= 64:
+            raise ValueError(f"lookup_draft_tokens must be 0 (off) to 64, got {v}")
+        return v
 
-    Attributes:
-        ceiling_bytes: most memory the process may use; None = total RAM - 8 GB, at least half
-            of RAM (see ``omlx.memory.default_ceiling_bytes``).
-        soft_watermark: fraction of the ceiling above which admission pauses and idle models are
-            evicted; a model load must leave the process below it.
-        hard_watermark: fraction above which the hot KV caches shrink, then models are evicted,
-            then the youngest request is aborted.
-        load_wait_s: how long a request waits for a model to load or for memory to free up
-            before it gets a 507/529.
-        check_interval_s: period of the enforcer and TTL checks.
-    """
+    @field_validator("context_scale_to", mode="after")
+    @classmethod
+    def _scale(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError("context_scale_to must be a positive number of tokens")
+        return v
 
-    ceiling_bytes: int | None = None
-    soft_watermark: float = 0.90
-    hard_watermark: float = 0.97
-    load_wait_s: float = 120.0
-    check_interval_s: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """KV cache tiers.
-
-    Attributes:
-        block_size: tokens per KV block.
-        hot_cache_max_bytes: RAM budget of the hot tier; None = derived from memory at start.
-        enabled: False turns the prefix cache off (for A/B runs).
-        ssd_cache_dir: cold tier folder; None = ``<base-path>/cache``.
-        ssd_cache_max_bytes: disk budget; None = a bounded fraction of free disk.
-        ssd_enabled: False keeps the cache in RAM only.
-        ssd_write_through_hits: write a hot block to disk once it was hit this many times
-            (high priority); 0 turns that off.
-        ssd_write_new_blocks: queue every new full block for disk at low priority, so a
-            crash (kill -9) loses only the write queue.
-    """
-
-    block_size: int = 256
-    hot_cache_max_bytes: int | None = None
-    enabled: bool = True
-    ssd_cache_dir: str | None = None
-    ssd_cache_max_bytes: int | None = None
-    ssd_enabled: bool = True
-    ssd_write_through_hits: int = 2
-    ssd_write_new_blocks: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterConfig:
-    """Cluster mode (``[cluster]`` in TOML; see ``omlx.cluster.agent``).
-
-    Attributes:
-        secret: shared secret every node must hold to join (>= 8 bytes); None = not set.
-        peers: static peers ``host:port`` (mDNS does not cross subnets or VPNs).
-        control_host: address the control channel binds.
-        control_port: its TCP port.
-        mdns: advertise and browse ``_omlx._tcp`` over zeroconf.
-        heartbeat_interval_s: period of heartbeats to each member.
-        heartbeat_timeout_s: a member silent this long has left (a new epoch starts).
-        memory_cap_bytes: most memory this node gives a pipeline; None = what is available.
-        headroom_bytes: memory each node keeps free beyond its stage.
-        context_tokens: KV reserve per sequence the plan leaves room for.
-        worker_port: first port of this node's ring endpoint (mx.distributed) in the hostfile;
-            epoch E uses worker_port + E % 32, so a new epoch never meets the last one's sockets.
-        step_timeout_s: most seconds one pipeline step (or the ring's start) may block before
-            the workers count a peer as lost.
-        start_workers: start `omlx cluster worker` for each plan; False = plan only (dry run:
-            status shows the command line each node would run).
-    """
-
-    secret: str | None = None
-    peers: tuple[str, ...] = ()
-    control_host: str = "0.0.0.0"
-    control_port: int = 8470
-    mdns: bool = True
-    heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 3.0
-    memory_cap_bytes: int | None = None
-    headroom_bytes: int = 2 * 10**9
-    context_tokens: int = 4096
-    worker_port: int = 8480
-    step_timeout_s: float = 30.0
-    start_workers: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    """Everything `omlx serve` needs; built once by the CLI.
-
-    Attributes:
-        host, port: where to listen.
-        models: model ids or paths to load at start (the first is the default).
-        max_concurrent_requests: requests decoding at once per model.
-        max_queued_requests: requests waiting beyond that before a 429.
-        base_path: omlx's home (models, cache, config).
-        hub_cache_dir: the Hugging Face hub cache omlx reads models from and pulls into; None =
-            huggingface_hub's own (``HF_HUB_CACHE``, ``$HF_HOME/hub``, ``~/.cache/huggingface/hub``).
-        api_key: required on every route when set.
-        max_body_bytes: larger request bodies get a 413.
-        keepalive_s: SSE keep-alive period while a prompt is prefilled.
-        idle_text_after_s: Anthropic streams only: once a stream has gone this many seconds
-            without content (a long prefill, a long queue wait), its keep-alives become empty
-            ``text_delta`` events in an open text block, because Claude Code's stream idle
-            watchdog (300 s) ignores ``ping`` events; None keeps pings. The turn's first block
-            is then a text block, empty when the model's answer starts with a tool call.
-        preload_blas: re-exec with OpenBLAS preloaded on Linux when MLX would use reference BLAS.
-        disable_kernels: native kernels to keep off (names from ``metal/``, or "all"); each is
-            reported at start-up and in /health.
-        aliases: requested model id -> served id; flags, env and file entries are merged (per name,
-            the higher source wins).
-        context_scale_to: when set, the Anthropic API reports token counts scaled by
-            ``context_scale_to / model context`` so a client that assumes this larger window
-            compacts at the model's real limit; None reports real counts.
-        kv_bits: quantize every chat model's full-attention KV cache to this many bits (mlx-lm's
-            ``QuantizedKVCache``, from the first token); None keeps it in the model's dtype.
-        kv_group_size: elements per quantization group along the head dim (with ``kv_bits``).
-        prefill_step_size: most prompt tokens of one prefill chunk (alone and beside decoding
-            streams), a multiple of the block size; None = measured per model and device at load
-            (`omlx.engine.runner.measured_step_sizes`). Pin it to make two servers cut prompts
-            alike (different cuts change the last bits of KV values and logits).
-        max_tpot_slowdown: while prompts prefill beside decoding sequences, the mean step time
-            (time per output token of those sequences) is held to at most this many times a
-            decode-only step by letting a prefill chunk into only some steps
-            (`omlx.engine.pacing`); a prompt that arrives while nothing decodes is never held.
-            Values <= 1 turn pacing off (a chunk in every step: fastest prefill, slowest streams).
-        lookup_draft_tokens: prompt-lookup speculative decoding: most tokens drafted per verify
-            step for a greedy request decoding alone (`omlx.engine.lookup`); 0 (default) = off.
-        strict_content: content a text model cannot read (an image, a non-text document, audio,
-            a file, in a message or a tool result) is a 400 naming it; False (default) serves
-            the text with a placeholder naming each such block's kind (`omlx.engine.content`).
-        test_fault: TEST ONLY, from env ``OMLX_TEST_FAULT`` (never a flag or file key): faults
-            to inject into generation (omlx.engine.faults); None in production.
-        test_park: TEST ONLY, from env ``OMLX_TEST_PARK``: requests may ask to wait at an await
-            point of their route until their client leaves (omlx.api.park); False in production.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    models: tuple[str, ...] = ()
-    max_concurrent_requests: int = 8
-    max_queued_requests: int = 64
-    base_path: str = DEFAULT_BASE_PATH
-    hub_cache_dir: str | None = None
-    api_key: str | None = None
-    max_body_bytes: int = 32 * 1024 * 1024
-    keepalive_s: float = 5.0
-    idle_text_after_s: float | None = 60.0
-    preload_blas: bool = True
-    log_level: str = "INFO"
-    disable_kernels: tuple[str, ...] = ()
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    aliases: Mapping[str, str] = field(default_factory=dict)
-    context_scale_to: int | None = None
-    kv_bits: int | None = None
-    kv_group_size: int = 64
-    prefill_step_size: int | None = None
-    max_tpot_slowdown: float = 2.0
-    lookup_draft_tokens: int = 0
-    strict_content: bool = False
-    model_settings: Mapping[str, ModelSettings] = field(default_factory=dict)
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    test_fault: str | None = None
-    test_park: bool = False
+    @model_validator(mode="after")
+    def _prefill_in_blocks(self) -> ServerConfig:
+        p, b = self.prefill_step_size, self.cache.block_size
+        if p is not None and (p < b or p % b):
+            raise _Bad(("prefill_step_size", "cache.block_size"), f"prefill_step_size must be a positive multiple of block_size ({b}), got {p}")
+        return self
 
     @property
     def base_dir(self) -> Path:
@@ -374,110 +538,223 @@ class ServerConfig:
         return Path(os.path.expanduser(self.cache.ssd_cache_dir)) if self.cache.ssd_cache_dir else self.base_dir / "cache"
 
 
-_ENV_KEYS: dict[str, str] = {
-    "OMLX_HOST": "host",
-    "OMLX_PORT": "port",
-    "OMLX_MODEL": "models",
-    "OMLX_MAX_CONCURRENT_REQUESTS": "max_concurrent_requests",
-    "OMLX_MAX_QUEUED_REQUESTS": "max_queued_requests",
-    "OMLX_BASE_PATH": "base_path",
-    "OMLX_API_KEY": "api_key",
-    "OMLX_MAX_BODY_BYTES": "max_body_bytes",
-    "OMLX_KEEPALIVE_S": "keepalive_s",
-    "OMLX_IDLE_TEXT_AFTER_S": "idle_text_after_s",
-    "OMLX_CONTEXT_SCALE_TO": "context_scale_to",
-    "OMLX_KV_BITS": "kv_bits",
-    "OMLX_KV_GROUP_SIZE": "kv_group_size",
-    "OMLX_PREFILL_STEP_SIZE": "prefill_step_size",
-    "OMLX_LOOKUP_DRAFT_TOKENS": "lookup_draft_tokens",
-    "OMLX_MAX_TPOT_SLOWDOWN": "max_tpot_slowdown",
-    "OMLX_STRICT_CONTENT": "strict_content",
-    "OMLX_PRELOAD_BLAS": "preload_blas",
-    "OMLX_LOG_LEVEL": "log_level",
-    "OMLX_DISABLE_KERNELS": "disable_kernels",
-    "OMLX_BLOCK_SIZE": "cache.block_size",
-    "OMLX_HOT_CACHE_MAX_SIZE": "cache.hot_cache_max_bytes",
-    "OMLX_CACHE_ENABLED": "cache.enabled",
-    "OMLX_SSD_CACHE_DIR": "cache.ssd_cache_dir",
-    "OMLX_SSD_CACHE_MAX_SIZE": "cache.ssd_cache_max_bytes",
-    "OMLX_SSD_CACHE_ENABLED": "cache.ssd_enabled",
-    "OMLX_SSD_WRITE_THROUGH_HITS": "cache.ssd_write_through_hits",
-    "OMLX_SSD_WRITE_NEW_BLOCKS": "cache.ssd_write_new_blocks",
-    "OMLX_MEMORY_CEILING": "memory.ceiling_bytes",
-    "OMLX_CLUSTER_SECRET": "cluster.secret",
-    "OMLX_CLUSTER_PEERS": "cluster.peers",
-    "OMLX_TEST_FAULT": "test_fault",  # test-only fault injection (omlx.engine.faults)
-    "OMLX_TEST_PARK": "test_park",  # test-only parking at a route's await points (omlx.api.park)
-}
-
-_FILE_KEYS = {
-    "block_size": "cache.block_size",
-    "hot_cache_max_size": "cache.hot_cache_max_bytes",
-    "enabled": "cache.enabled",
-    "ssd_cache_dir": "cache.ssd_cache_dir",
-    "ssd_cache_max_size": "cache.ssd_cache_max_bytes",
-    "ssd_enabled": "cache.ssd_enabled",
-    "ssd_write_through_hits": "cache.ssd_write_through_hits",
-    "ssd_write_new_blocks": "cache.ssd_write_new_blocks",
-}
-_MEMORY_FILE_KEYS = {"ceiling": "memory.ceiling_bytes"}
-_CLUSTER_FILE_KEYS = {"memory_cap": "cluster.memory_cap_bytes", "headroom": "cluster.headroom_bytes"}
+# ---- keys: where each field is set from ----------------------------------------------------------
 
 
-def _coerce(key: str, value: Any) -> Any:
-    name = key.split(".")[-1]
-    if name in ("models", "disable_kernels", "peers"):
-        if isinstance(value, str):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-        return tuple(value)
-    if name.endswith("_bytes"):
-        return None if value in (None, "") else parse_size(value)
-    if name in ("port", "max_concurrent_requests", "max_queued_requests", "block_size",
-                "ssd_write_through_hits", "control_port", "worker_port", "context_tokens", "kv_group_size",
-                "lookup_draft_tokens"):
-        return int(value)
-    if name == "kv_bits":
-        return None if value in (None, "", "none", "off") else int(value)
-    if name == "prefill_step_size":
-        return None if value in (None, "", 0, "0", "auto") else int(value)
-    if name == "idle_text_after_s":
-        return None if value in (None, "", "none", "off") else float(value)
-    if name == "context_scale_to":
-        return None if value in (None, "", 0, "0") else int(value)
-    if name in ("keepalive_s", "max_tpot_slowdown", "soft_watermark", "hard_watermark", "load_wait_s", "check_interval_s",
-                "heartbeat_interval_s", "heartbeat_timeout_s", "step_timeout_s"):
-        if isinstance(value, bool):  # TOML true would be 1.0: never what was meant
-            raise ValueError("a number is needed, not true/false")
-        return float(value)
-    if name == "headroom_bytes":
-        return parse_size(value)
-    if name in ("preload_blas", "enabled", "ssd_enabled", "ssd_write_new_blocks", "mdns", "start_workers", "test_park",
-                "strict_content"):
-        if isinstance(value, str):
-            return value.strip().lower() in ("1", "true", "yes", "on")
-        return bool(value)
-    return value
+@dataclass(frozen=True, slots=True)
+class SettingKey:
+    """One settable key of ServerConfig.
+
+    Attributes:
+        path: attribute names from ServerConfig down, e.g. ``("cache", "block_size")``.
+        info: the pydantic field (description, default, examples).
+        toml: its dotted TOML key, e.g. ``"cache.hot_cache_max_size"``.
+        env: its environment variable; None when it cannot be set from the environment.
+        sources: the subset of `SOURCES` it may be set from.
+    """
+
+    path: tuple[str, ...]
+    info: FieldInfo
+    toml: str
+    env: str | None
+    sources: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """The dotted attribute path (the key of `load_config`'s ``flags``)."""
+        return ".".join(self.path)
 
 
-def _flatten_file(data: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        if k == "cache" and isinstance(v, Mapping):
-            for ck, cv in v.items():
-                out[_FILE_KEYS.get(ck, f"cache.{ck}")] = cv
-        elif k == "memory" and isinstance(v, Mapping):
-            for mk, mv in v.items():
-                out[_MEMORY_FILE_KEYS.get(mk, f"memory.{mk}")] = mv
-        elif k == "cluster" and isinstance(v, Mapping):
-            for ck, cv in v.items():
-                out[_CLUSTER_FILE_KEYS.get(ck, f"cluster.{ck}")] = cv
-        elif k in ("aliases", "models") and isinstance(v, Mapping):
-            out["aliases" if k == "aliases" else "model_settings"] = v
-        elif k == "model":
-            out["models"] = v
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+
+
+def _section_of(info: FieldInfo) -> type[BaseModel] | None:
+    ann = info.annotation
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def _keys_of(owner: type[BaseModel], fields: Mapping[str, FieldInfo], prefix: tuple[str, ...]) -> Iterator[SettingKey]:
+    for name, info in fields.items():
+        extra = _extra(info)
+        toml = extra.get("toml", name)
+        sources = tuple(extra.get("sources", SOURCES))
+        env = (extra.get("env") or owner.ENV_PREFIX + toml.upper()) if "env" in sources else None  # type: ignore[attr-defined]
+        yield SettingKey((*prefix, name), info, ".".join((*prefix, toml)), env, sources)
+
+
+def setting_keys() -> Iterator[SettingKey]:
+    """Every key of ServerConfig and of its sections (``[cache]``, ``[memory]``, ``[cluster]``),
+    in declaration order; the docs and the tests walk this."""
+    for name, info in ServerConfig.model_fields.items():
+        section = _section_of(info)
+        if section is None:
+            yield from _keys_of(ServerConfig, {name: info}, ())
         else:
-            out[k] = v
-    return out
+            yield from _keys_of(section, section.model_fields, (name,))
+
+
+# ---- sources -------------------------------------------------------------------------------------
+
+
+def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for p in path[:-1]:
+        tree = tree.setdefault(p, {})
+    tree[path[-1]] = value
+
+
+def _has(tree: Any, path: tuple[Any, ...]) -> bool:
+    return _at(tree, path, missing := object()) is not missing
+
+
+def _at(tree: Any, path: tuple[Any, ...], missing: Any = None) -> Any:
+    """The value at ``path`` in nested mappings; ``missing`` where there is none."""
+    for p in path:
+        if not isinstance(tree, Mapping) or p not in tree:
+            return missing
+        tree = tree[p]
+    return tree
+
+
+class _EnvSource(PydanticBaseSettingsSource):
+    """``OMLX_*`` variables of ``env`` -> nested values, one variable per key (`setting_keys`);
+    empty variables count as unset."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]):
+        super().__init__(settings_cls)
+        self.values: dict[str, Any] = {}
+        self.names: dict[tuple[str, ...], str] = {}  # path -> the variable it came from (for errors)
+        for key in setting_keys():
+            if key.env and env.get(key.env, "") != "":
+                _put(self.values, key.path, env[key.env])
+                self.names[key.path] = key.env
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ builds the whole tree
+
+    def __call__(self) -> dict[str, Any]:
+        return self.values
+
+
+class _FileSource(TomlConfigSettingsSource):
+    """The TOML file -> nested values under the model's attribute names (``[memory] ceiling`` ->
+    ``memory.ceiling_bytes``, ``[models."<id>"]`` -> ``model_settings``; `setting_keys`)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path):
+        if not path.is_file():
+            raise ConfigError(f"cannot read config file {path}: no such file")
+        try:
+            super().__init__(settings_cls, toml_file=path)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config file {path}: {e}") from e
+        self.path = path
+        keys = list(setting_keys())
+        # a key as the file names it, else by its attribute name (`[memory] ceiling_bytes`)
+        by_toml = {**{k.path: k for k in keys}, **{tuple(k.toml.split(".")): k for k in keys}}
+        values: dict[str, Any] = {}
+        for top, value in self.toml_data.items():
+            if top == "models" and not isinstance(value, Mapping):
+                _put(values, ("models",), value)  # `models = [...]`: a list of models, as `model`
+                continue
+            items = value.items() if isinstance(value, Mapping) and top in ("cache", "memory", "cluster") else [(None, value)]
+            for sub, v in items:
+                where = (top,) if sub is None else (top, sub)
+                key = by_toml.get(where)
+                if key is not None and "file" not in key.sources:
+                    raise ConfigError(f"{key.toml} cannot be set in config file {path}: only by environment variable "
+                                      f"{key.env}")
+                _put(values, key.path if key else where, v)
+        self.init_kwargs = values
+
+    def __call__(self) -> dict[str, Any]:
+        return self.init_kwargs
+
+
+@dataclass(slots=True)
+class _Sources:
+    """What `load_config` merges, and where each value came from (for error messages)."""
+
+    flags: dict[str, Any]
+    env: _EnvSource
+    file: _FileSource | None
+
+    @property
+    def lower(self) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The sources below the flags, highest first."""
+        return (self.env,) if self.file is None else (self.env, self.file)
+
+    def _trees(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        yield "flags", self.flags
+        yield "env", self.env.values
+        if self.file is not None:
+            yield "file", self.file.init_kwargs
+
+    def origin(self, loc: tuple[Any, ...]) -> tuple[str, str, Any]:
+        """Where the value at ``loc`` came from: (the key as that source names it, the source,
+        the value it gave), the highest source holding the longest part of ``loc``."""
+        for n in range(len(loc), 0, -1):
+            for source, tree in self._trees():
+                if not _has(tree, loc[:n]):
+                    continue
+                if source == "flags":
+                    return _dotted(loc), "the command line", _at(tree, loc)
+                if source == "env":
+                    var = next(v for k, v in self.env.names.items() if k[:n] == loc[:n])
+                    return _dotted(loc), f"environment variable {var}", _at(tree, loc)
+                return _toml_key(loc), f"config file {self.file.path}", _at(tree, loc)  # type: ignore[union-attr]
+        return _dotted(loc), "the defaults", None
+
+    def holds(self, loc: tuple[Any, ...]) -> bool:
+        """Whether some source set the value at ``loc`` itself (not only a table above it)."""
+        return any(_has(tree, loc) for _, tree in self._trees())
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _toml_key(loc: tuple[Any, ...]) -> str:
+    """``("cache", "hot_cache_max_bytes")`` -> ``cache.hot_cache_max_size``; ``("model_settings",
+    "m", "pin")`` -> ``models."m".pin``."""
+    if loc[:1] == ("model_settings",):
+        rest = [f'"{loc[1]}"' if i == 0 else str(p) for i, p in enumerate(loc[1:])]
+        return ".".join(["models", *rest])
+    for key in setting_keys():
+        if tuple(loc[:len(key.path)]) == key.path:
+            return ".".join([key.toml, *map(str, loc[len(key.path):])])
+    return _dotted(loc)
+
+
+#: pydantic error types -> what was expected (the rest keep pydantic's message).
+_EXPECTED = {
+    "int_parsing": "expected an integer", "int_type": "expected an integer",
+    "int_from_float": "expected an integer", "float_parsing": "expected a number",
+    "float_type": "expected a number", "bool_parsing": "expected true or false",
+    "bool_type": "expected true or false", "string_type": "expected a string",
+    "tuple_type": "expected a list", "list_type": "expected a list",
+    "dict_type": "expected a table", "mapping_type": "expected a table", "model_type": "expected a table",
+    "model_attributes_type": "expected a table", "finite_number": "expected a finite number",
+}
+
+
+def _message(err: Mapping[str, Any], sources: _Sources) -> str:
+    """One pydantic error -> a sentence naming the key, the value, what was expected and the source."""
+    loc = tuple(err["loc"])
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, _Bad):
+        named = [tuple(k.split(".")) for k in cause.keys]
+        loc = next((k for k in named if sources.holds(k)), named[0])
+    key, origin, value = sources.origin(loc)
+    if err["type"] == "extra_forbidden":
+        *table, name = loc
+        if table[:1] == ["model_settings"]:
+            return f"unknown setting {name!r} in [{_toml_key(tuple(table))}], from {origin}"
+        return f"unknown {table[0] + ' ' if table else ''}setting {name!r}, from {origin}"
+    reason = _EXPECTED.get(err["type"]) or (str(cause) if cause is not None else err["msg"])
+    if not isinstance(cause, _Bad):
+        value = err.get("input")
+    shown = "" if isinstance(value, (Mapping, BaseModel)) else f": {value!r}"
+    return f"bad value for {key}{shown} ({reason}), from {origin}"
 
 
 def load_config(
@@ -488,115 +765,39 @@ def load_config(
     """Merge flags > env > file > defaults into a frozen ServerConfig.
 
     Args:
-        flags: values given on the command line (keys as in ServerConfig, ``cache.*`` for the
-            cache); None values are ignored.
+        flags: values given on the command line, keys as in ServerConfig (dotted for the
+            sections: ``cache.block_size``, ``memory.ceiling_bytes``); None values and empty
+            tuples are ignored.
         env: the environment (defaults to ``os.environ``).
-        config_file: TOML path; default ``<base-path>/config.toml`` when it exists.
+        config_file: TOML path; default ``$OMLX_CONFIG``, else ``<base-path>/config.toml`` when it
+            exists.
 
     Raises:
-        InvalidRequestError: on an unknown key, a bad value or an unreadable file.
+        ConfigError: on an unknown key, a bad value or an unreadable file; the message names the
+            source (the file, the variable, the command line), the key and what was expected.
     """
     env = os.environ if env is None else env
-    flags = {k: v for k, v in (flags or {}).items() if v is not None and v != ()}
-    env_vals: dict[str, str] = {}
-    env_names: dict[str, str] = {}  # setting -> the variable it came from (for errors)
-    for k, v in env.items():
-        if k in _ENV_KEYS and v != "":
-            env_vals[_ENV_KEYS[k]], env_names[_ENV_KEYS[k]] = v, k
-
-    base_path = flags.get("base_path") or env_vals.get("base_path") or DEFAULT_BASE_PATH
-    path = config_file or env.get("OMLX_CONFIG")
+    nested: dict[str, Any] = {}
+    allowed = {k.name: k for k in setting_keys()}
+    for name, value in (flags or {}).items():
+        if value is None or value == ():
+            continue
+        key = allowed.get(name)
+        if key is not None and "flags" not in key.sources:
+            raise ConfigError(f"{name} cannot be set on the command line: only by environment variable {key.env}")
+        _put(nested, tuple(name.split(".")), value)
+    env_source = _EnvSource(ServerConfig, env)
+    base_path = nested.get("base_path") or env_source.values.get("base_path") or DEFAULT_BASE_PATH
+    path = config_file or env.get(CONFIG_FILE_ENV) or None
     if path is None:
-        candidate = Path(os.path.expanduser(base_path)) / "config.toml"
+        candidate = Path(os.path.expanduser(str(base_path))) / "config.toml"
         path = candidate if candidate.exists() else None
-    file_vals: dict[str, Any] = {}
-    if path is not None:
-        try:
-            file_vals = _flatten_file(tomllib.loads(Path(path).read_text()))
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise InvalidRequestError(f"cannot read config file {path}: {e}") from e
+    sources = _Sources(nested, env_source, _FileSource(ServerConfig, Path(path)) if path is not None else None)
+    token = _LOADING.set(sources)
+    try:
+        return ServerConfig(**nested)
+    except ValidationError as e:
+        raise ConfigError("; ".join(_message(err, sources) for err in e.errors())) from None
+    finally:
+        _LOADING.reset(token)
 
-    merged: dict[str, Any] = {}
-    origin: dict[str, str] = {}  # setting -> where its value came from (for errors)
-    aliases: dict[str, Any] = {}
-    for source, where in ((file_vals, f"config file {path}"), (env_vals, None), (flags, "the command line")):
-        merged.update(source)
-        origin.update({k: where or f"environment variable {env_names[k]}" for k in source})
-        if isinstance(source.get("aliases"), Mapping):
-            aliases.update(source["aliases"])
-    if aliases:
-        merged["aliases"] = aliases
-
-    top = {f.name for f in fields(ServerConfig)}
-    cache_names = {f.name for f in fields(CacheConfig)}
-    cfg_kwargs: dict[str, Any] = {}
-    cache_kwargs: dict[str, Any] = {}
-    memory_names = {f.name for f in fields(MemoryConfig)}
-    memory_kwargs: dict[str, Any] = {}
-    cluster_names = {f.name for f in fields(ClusterConfig)}
-    cluster_kwargs: dict[str, Any] = {}
-    for key, value in merged.items():
-        try:
-            if key.startswith("cache."):
-                name = key.split(".", 1)[1]
-                if name not in cache_names:
-                    raise InvalidRequestError(f"unknown cache setting {name!r}")
-                cache_kwargs[name] = _coerce(key, value)
-            elif key.startswith("memory."):
-                name = key.split(".", 1)[1]
-                if name not in memory_names:
-                    raise InvalidRequestError(f"unknown memory setting {name!r}")
-                memory_kwargs[name] = _coerce(key, value)
-            elif key.startswith("cluster."):
-                name = key.split(".", 1)[1]
-                if name not in cluster_names:
-                    raise InvalidRequestError(f"unknown cluster setting {name!r}")
-                cluster_kwargs[name] = _coerce(key, value)
-            elif key == "aliases":
-                cfg_kwargs["aliases"] = {str(a): str(t) for a, t in dict(value).items()}
-            elif key == "model_settings":
-                cfg_kwargs["model_settings"] = {
-                    str(m): parse_model_settings(str(m), s) for m, s in dict(value).items()
-                }
-            elif key in top:
-                cfg_kwargs[key] = _coerce(key, value)
-            else:
-                raise InvalidRequestError(f"unknown setting {key!r}")
-        except (TypeError, ValueError) as e:
-            raise InvalidRequestError(f"bad value for {key}: {value!r} ({e}), from {origin[key]}") from e
-    cfg = ServerConfig(**cfg_kwargs)
-    if cache_kwargs:
-        cfg = replace(cfg, cache=replace(cfg.cache, **cache_kwargs))
-    if memory_kwargs:
-        cfg = replace(cfg, memory=replace(cfg.memory, **memory_kwargs))
-    if cluster_kwargs:
-        cfg = replace(cfg, cluster=replace(cfg.cluster, **cluster_kwargs))
-    c = cfg.cluster
-    if not 0 < c.heartbeat_interval_s < c.heartbeat_timeout_s:
-        raise InvalidRequestError("cluster heartbeat_interval_s must be > 0 and below heartbeat_timeout_s")
-    m = cfg.memory
-    if not 0 < m.soft_watermark <= m.hard_watermark <= 1:
-        raise InvalidRequestError("memory watermarks must satisfy 0 < soft_watermark <= hard_watermark <= 1")
-    if m.ceiling_bytes is not None and m.ceiling_bytes < 1:
-        raise InvalidRequestError("memory ceiling must be a positive size, e.g. 12GB")
-    if not 1 <= cfg.max_concurrent_requests <= 1024:
-        raise InvalidRequestError("max_concurrent_requests must be between 1 and 1024")
-    if cfg.cache.block_size < 1:
-        raise InvalidRequestError("block_size must be >= 1")
-    if cfg.kv_bits is not None and cfg.kv_bits not in KV_BITS_CHOICES:
-        raise InvalidRequestError(f"kv_bits must be one of {', '.join(map(str, KV_BITS_CHOICES))}, got {cfg.kv_bits}")
-    if cfg.kv_group_size not in KV_GROUP_SIZE_CHOICES:
-        raise InvalidRequestError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZE_CHOICES))}, "
-                                  f"got {cfg.kv_group_size}")
-    if not math.isfinite(cfg.max_tpot_slowdown) or cfg.max_tpot_slowdown < 0:
-        raise InvalidRequestError(f"max_tpot_slowdown must be a number >= 0 (<= 1 turns pacing off), "
-                                  f"got {cfg.max_tpot_slowdown}")
-    if not 0 <= cfg.lookup_draft_tokens <= 64:
-        raise InvalidRequestError(f"lookup_draft_tokens must be 0 (off) to 64, got {cfg.lookup_draft_tokens}")
-    if cfg.prefill_step_size is not None and (cfg.prefill_step_size < cfg.cache.block_size
-                                              or cfg.prefill_step_size % cfg.cache.block_size):
-        raise InvalidRequestError(f"prefill_step_size must be a positive multiple of block_size "
-                                  f"({cfg.cache.block_size}), got {cfg.prefill_step_size}")
-    if cfg.context_scale_to is not None and cfg.context_scale_to < 1:
-        raise InvalidRequestError("context_scale_to must be a positive number of tokens")
-    return cfg

@@ -20,9 +20,31 @@ maps exceptions to responses in one place (`omlx.api.errors`); nothing else buil
     │   ├── NotAModelError (422)         a repo that is not an mlx-lm model omlx can serve
     │   ├── InsufficientDiskError (507)  not enough free disk for a download
     │   └── HubUnreachableError (502)    the hub cannot be reached, or a download broke off
-    ├── PlanError (400)                  a cluster plan that cannot fit
+    ├── ConfigError (500)                a config mistake (file, variable, flag): the server refuses to start
+    │   └── config._Bad                  a check across keys, inside pydantic's validation (a ValueError)
+    ├── ClusterError (500)               cluster control plane; the agent reports it, never an HTTP answer
+    │   ├── PlanError                    the model does not fit the nodes' caps (carries shortfall_bytes)
+    │   └── ControlError                 the control channel: connection lost, timeout, bad message
+    │       └── AuthError                the handshake: a side without the shared secret
     ├── ClusterUnavailableError (503)    a pipeline peer is lost or frozen; the workers must restart
-    └── EngineError (500)                generation failed for this request only
+    ├── EngineError (500)                generation failed for this request only
+    │   └── engine.faults.InjectedFault  TEST ONLY (OMLX_TEST_FAULT)
+    ├── cache.blockfile.BadBlockError    a block file that is unreadable or not the block asked for
+    │   └── OldFormatError               written by another format version (deleted, counted apart)
+    ├── engine.cache_spec.UnsupportedCacheError   a cache class that cannot be cut into blocks
+    ├── engine.cache_spec.NotHeldError   tokens that fell out of a window layer's cache
+    ├── kernels.kv_blocks.KernelUnavailable       a native kernel whose source is missing
+    ├── engine.pulls.PullCancelled       stops a cancelled pull's download from its byte callback
+    ├── api.cluster_front._PipelineLeft  a streaming request's pipeline lost a node
+    ├── cli.service_backends.ServiceError         a service command that cannot do what was asked
+    └── bench.session.BenchError         a benchmark that cannot start (exit code 2)
+
+The classes named with a module live there (they are that module's business); BadBlockError,
+UnsupportedCacheError and NotHeldError are also ValueErrors and KernelUnavailable a
+RuntimeError, as callers may catch them so. The rest live here. Outside the
+tree only ``tool_parsers/gemma.py``'s private ``_Incomplete`` and ``_Invalid``: signals within
+one parse that never leave it, in a module that imports only ``omlx.request`` and its own
+package (STYLE.md habit 9). ``tests/unit/test_error_tree.py`` keeps this drawing true.
 """
 
 from __future__ import annotations
@@ -195,12 +217,6 @@ class ConflictError(OmlxError):
     code = "conflict"
 
 
-class PlanError(OmlxError):
-    status = 400
-    openai_type = "invalid_request_error"
-    anthropic_type = "invalid_request_error"
-
-
 class ClusterUnavailableError(OmlxError):
     """A pipeline rank is lost or frozen (cluster mode): the request cannot run until the node
     agent re-plans and restarts the workers."""
@@ -218,5 +234,37 @@ class ClusterUnavailableError(OmlxError):
         return {"retry-after": str(self.retry_after_s)} if self.retry_after_s else {}
 
 
+class ConfigError(OmlxError):
+    """A mistake in the configuration (the TOML file, an ``OMLX_*`` variable, a flag): the message
+    names the source, the key and what was expected. Raised before the server starts, which
+    refuses to; never an HTTP answer."""
+
+
 class EngineError(OmlxError):
     """Generation failed for one request; the engine keeps serving the others."""
+
+
+class ClusterError(OmlxError):
+    """Base of cluster-mode control-plane errors (planning, the control channel). The node agent
+    turns them into an event, a log line or an error reply on the control channel."""
+
+
+class PlanError(ClusterError):
+    """The model does not fit the nodes' caps under any contiguous split (``omlx.cluster.plan``).
+
+    Attributes:
+        shortfall_bytes: The smallest total number of bytes by which the nodes' caps fall short,
+            over all contiguous splits in the planned node order (> 0).
+    """
+
+    def __init__(self, message: str, *, shortfall_bytes: int) -> None:
+        super().__init__(message)
+        self.shortfall_bytes = shortfall_bytes
+
+
+class ControlError(ClusterError):
+    """A control-channel failure: connection lost, timeout, malformed message (``omlx.cluster.control``)."""
+
+
+class AuthError(ControlError):
+    """The handshake failed: this side or the other does not hold the shared secret."""

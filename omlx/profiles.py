@@ -10,8 +10,6 @@ Must not: load anything or know about engines; it only parses ids and merges set
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
-
 from omlx.config import PROFILE_KEYS, ModelSettings
 
 SEPARATOR = ":"
@@ -40,7 +38,7 @@ def overlay(base: ModelSettings, profile: ModelSettings) -> ModelSettings:
         A new ModelSettings whose ``profiles`` is empty (an overlay is not itself a model).
     """
     changes = {k: getattr(profile, k) for k in PROFILE_KEYS if getattr(profile, k) is not None}
-    return replace(base, profiles={}, **changes)
+    return base.model_copy(update={"profiles": {}, **changes})
 
 
 def effective_settings(base: ModelSettings, profile: str | None) -> ModelSettings | None:
@@ -53,5 +51,5 @@ def effective_settings(base: ModelSettings, profile: str | None) -> ModelSetting
 
 def describe(settings: ModelSettings) -> dict[str, object]:
     """The per-request fields that are set, for ``/v1/models/status``."""
-    return {f.name: getattr(settings, f.name) for f in fields(settings)
-            if f.name in PROFILE_KEYS and getattr(settings, f.name) is not None}
+    return {k: getattr(settings, k) for k in type(settings).model_fields
+            if k in PROFILE_KEYS and getattr(settings, k) is not None}

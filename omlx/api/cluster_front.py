@@ -40,7 +40,7 @@ from omlx.api.app import require_api_key
 from omlx.api.errors import OmlxErrorHandler
 from omlx.api.sse_relay import SseRelay, protocol_of
 from omlx.config import ServerConfig
-from omlx.errors import ClusterUnavailableError
+from omlx.errors import ClusterUnavailableError, OmlxError
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ _LOSS_POLL_S = 0.25
 """While a stream waits for its next bytes, how often the front checks the pipeline's nodes."""
 
 
-class _PipelineLeft(Exception):
+class _PipelineLeft(OmlxError):
     """A node of the streaming request's pipeline left the membership, or a new epoch's launch
     replaced it."""
 
@@ -180,7 +180,7 @@ async def _relay_sse(path: str, upstream: httpx.Response, response: Any, serving
                 if not read.done() and _pipeline_gone(serving, snapshot):
                     read.cancel()
                     await asyncio.gather(read, return_exceptions=True)
-                    raise _PipelineLeft
+                    raise _PipelineLeft("a node of the pipeline left")
             try:
                 chunk = read.result()
             except StopAsyncIteration:

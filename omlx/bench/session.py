@@ -22,11 +22,12 @@ from omlx.bench.client import ServerCounter, Target, list_models
 from omlx.bench.prompts import EstimateCounter, PromptFactory, TokenCounter, TokenizerCounter
 from omlx.bench.runner import ManagedServer, as_json_rows, count_steps, plan, run_all
 from omlx.bench.workloads import SCENARIOS, WorkloadConfig
+from omlx.errors import OmlxError
 
 SCHEMA_VERSION = 1
 
 
-class BenchError(Exception):
+class BenchError(OmlxError):
     """A benchmark that cannot start (server unreachable, no model, bad flag); exit code 2."""
 
 

@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from omlx.cache.hashing import HASH_NUM_BYTES, Namespace, hash_block
+from omlx.errors import OmlxError
 
 __all__ = [
     "BLOCK_SUFFIX",
@@ -103,7 +104,7 @@ DTYPES: dict[str, tuple[str, type[np.generic]]] = {
 PACKED_DTYPE = "uint32"
 
 
-class BadBlockError(ValueError):
+class BadBlockError(OmlxError, ValueError):
     """A block file is unreadable, inconsistent, or not the block that was asked for."""
 
 

@@ -34,7 +34,8 @@ def resolve_secret(cfg: ServerConfig, flag: str | None, *, persist: bool = False
     With ``persist`` a secret given on the command line is stored in ``<base>/cluster/secret``
     (0600, folder 0700) so ``status``/``leave`` on this machine find it. Exits 2 without one.
     """
-    from omlx.cluster.control import AuthError, check_secret
+    from omlx.cluster.control import check_secret
+    from omlx.errors import AuthError
     from omlx.cluster.discovery import cluster_dir, write_private_file
 
     secret = flag or cfg.cluster.secret
@@ -196,7 +197,7 @@ def join(
 
 def _ask(cfg: ServerConfig, secret: str | None, host: str, port: int | None, msg: dict[str, Any]) -> dict[str, Any]:
     from omlx.cluster.agent import request_local
-    from omlx.cluster.control import ControlError
+    from omlx.errors import ControlError
 
     raw = resolve_secret(cfg, secret)
     try:
@@ -273,7 +274,8 @@ def plan(
     config: ConfigFile = None,
 ) -> None:
     """Plan MODEL over --nodes, or over the running cluster's members and measured figures."""
-    from omlx.cluster.plan import PlanError, PlanRequest, even_split, format_plan_table, parse_nodes_spec, plan_pipeline
+    from omlx.cluster.plan import PlanRequest, even_split, format_plan_table, parse_nodes_spec, plan_pipeline
+    from omlx.errors import PlanError
 
     flags = {"base_path": base_path, "max_concurrent_requests": max_concurrent,
              "cluster.context_tokens": context_tokens}

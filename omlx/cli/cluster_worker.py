@@ -13,7 +13,6 @@ that started it (``--parent-pid``) is gone.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -185,8 +184,8 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
                       + "; ".join(f"rank {r} layers [{a.start}, {a.end})" for r, a in enumerate(layer_ranges))
                       + "; " + WHOLE_HITS_NOTE)
     # Pinned: the pool must never unload the pipeline (its followers cannot reload it).
-    settings = dataclasses.replace(cfg.model_settings.get(model_id) or ModelSettings(), pin=True, ttl_s=None)
-    cfg = dataclasses.replace(cfg, model_settings={**cfg.model_settings, model_id: settings})
+    settings = (cfg.model_settings.get(model_id) or ModelSettings()).model_copy(update={"pin": True, "ttl_s": None})
+    cfg = cfg.model_copy(update={"model_settings": {**cfg.model_settings, model_id: settings}})
     made: list[PoolEntry] = []
 
     def loader(mid: str, p: Path, task: str, s: ModelSettings, warm: bool) -> PoolEntry:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Mapping, Optional
 import typer
 
 from omlx.cli.common import config_from, reexec_with_blas, setup_logging
-from omlx.config import ServerConfig
+from omlx.config import ServerConfig, parse_pairs
 
 logger = logging.getLogger("omlx.serve")
 
@@ -125,12 +125,8 @@ def _serve_cluster(cfg: ServerConfig, cluster_secret: str | None) -> int:
 
 def parse_aliases(values: list[str]) -> dict[str, str]:
     """``["NAME=TARGET", ...]`` -> {NAME: TARGET}; exits with code 2 on a malformed entry."""
-    out: dict[str, str] = {}
-    for v in values:
-        name, sep, target = v.partition("=")
-        if not sep or not name.strip() or not target.strip():
-            typer.echo(f"omlx: --alias expects NAME=TARGET, got {v!r}", err=True)
-            raise typer.Exit(2)
-        out[name.strip()] = target.strip()
-    return out
-
+    try:
+        return parse_pairs(values)
+    except ValueError as e:
+        typer.echo(f"omlx: --alias: {e}", err=True)
+        raise typer.Exit(2) from e

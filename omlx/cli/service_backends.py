@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from omlx.errors import OmlxError
+
 RECORD_VERSION = 1
 BACKENDS = ("pidfile", "systemd", "launchd")
 #: Environment forwarded into the service (the rest of the shell's is not: a unit runs without it).
@@ -36,11 +38,9 @@ NOT_FORWARDED = ("OMLX_BLAS_REEXEC",)
 STOP_TIMEOUT_S = 120
 
 
-class ServiceError(Exception):
+class ServiceError(OmlxError):
     """A service command that cannot do what was asked; ``str(e)`` says why and what to do.
-
-    CLI-only: it never crosses the HTTP API, so it is not part of the `omlx.errors` tree.
-    """
+    CLI-only: it never crosses the HTTP API."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from omlx.cluster.control import (
-    AuthError,
     Connection,
-    ControlError,
     ControlServer,
     connect,
     measure_link,
@@ -30,13 +28,13 @@ from omlx.cluster.discovery import Discovery, NodeInfo, cluster_dir
 from omlx.cluster.launcher import WorkerLaunch, WorkerLauncher, free_loopback_port, ring_port, write_hostfile
 from omlx.cluster.membership import Member, Membership
 from omlx.cluster.plan import (
-    ClusterError,
     Plan,
     PlanRequest,
     Stage,
     format_plan_table,
     plan_pipeline,
 )
+from omlx.errors import AuthError, ClusterError, ControlError
 from omlx.units import format_rate
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.cluster.plan import ClusterError
+from omlx.errors import AuthError, ClusterError, ControlError
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +46,6 @@ MAX_BLOB_BYTES = 64 << 20
 """Largest bandwidth-probe payload accepted (64 MiB)."""
 
 HANDSHAKE_TIMEOUT_S = 5.0
-
-
-class ControlError(ClusterError):
-    """A control-channel failure: connection lost, timeout, malformed message."""
-
-
-class AuthError(ControlError):
-    """The handshake failed: this side or the other does not hold the shared secret."""
 
 
 def join_mac(secret: bytes, role: str, nonce: str, node_id: str) -> str:

@@ -30,6 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from omlx.errors import PlanError
 from omlx.units import BYTES_PER_UNIT, bytes_in, format_bytes
 
 logger = logging.getLogger(__name__)
@@ -51,23 +52,6 @@ DEFAULT_LINK_BANDWIDTH_BYTES_S = 1.25e9
 
 DEFAULT_LINK_LATENCY_S = 200e-6
 """Per-hop latency ``parse_nodes_spec`` assumes without ``latency=``: a TCP ring hop on a LAN."""
-
-
-class ClusterError(Exception):
-    """Base of cluster-mode errors (to be re-parented under ``OmlxError`` in ``omlx/errors.py``)."""
-
-
-class PlanError(ClusterError):
-    """The model does not fit the nodes' caps under any contiguous split.
-
-    Attributes:
-        shortfall_bytes: The smallest total number of bytes by which the nodes' caps fall short,
-            over all contiguous splits in the planned node order (> 0).
-    """
-
-    def __init__(self, message: str, *, shortfall_bytes: int) -> None:
-        super().__init__(message)
-        self.shortfall_bytes = shortfall_bytes
 
 
 @dataclass(frozen=True, slots=True)

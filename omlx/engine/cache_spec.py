@@ -43,6 +43,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache
 
 from omlx.engine.quant_cache import QuantKVCache
+from omlx.errors import OmlxError
 
 ATTENTION, WINDOW, QUANTIZED, STATE = "attention", "window", "quantized", "state"
 STATE_PREFIX = "state."
@@ -51,11 +52,11 @@ QUANT_PARTS = ("q", "scales", "biases")
 Payload = dict[str, mx.array]
 
 
-class UnsupportedCacheError(ValueError):
+class UnsupportedCacheError(OmlxError, ValueError):
     """A layer's cache class cannot be cut into exact blocks or snapshots."""
 
 
-class NotHeldError(ValueError):
+class NotHeldError(OmlxError, ValueError):
     """Tokens asked for are no longer in a window layer's cache (they fell out of its window)."""
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx.errors import InvalidRequestError
+from omlx.errors import EngineError, InvalidRequestError
 
 FAULT_KINDS = ("processor", "detokenize", "forward")
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(EngineError):
     """The error an injected fault raises (never raised unless OMLX_TEST_FAULT is set)."""
 
 

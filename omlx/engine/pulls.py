@@ -48,7 +48,7 @@ class PullState(str, enum.Enum):
 FINISHED = (PullState.DONE, PullState.FAILED, PullState.CANCELLED)
 
 
-class PullCancelled(Exception):
+class PullCancelled(OmlxError):
     """Raised from the download's byte callback to stop a cancelled pull (finished files are kept)."""
 
 
@@ -257,11 +257,11 @@ class PullManager:
                 job.total_bytes = n
                 job._samples.append((time.monotonic(), job.done_bytes))
             if job.cancel_requested:
-                raise PullCancelled()
+                raise PullCancelled(f"pull {job.pull_id} cancelled")
 
         def on_bytes(n: int) -> None:  # from download threads, once per chunk
             if job.cancel_requested:
-                raise PullCancelled()
+                raise PullCancelled(f"pull {job.pull_id} cancelled")
             now = time.monotonic()
             with self._cond:
                 job.done_bytes += n

@@ -24,6 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from omlx.errors import OmlxError
 from omlx.kernels.sources import SELECT, load_source, select_code
 
 Payload = tuple[tuple[mx.array, mx.array], ...]
@@ -46,7 +47,7 @@ _compiled: dict[tuple[str, str, int, int], Any] = {}
 _active: dict[str, str] = {}
 
 
-class KernelUnavailable(RuntimeError):
+class KernelUnavailable(OmlxError, RuntimeError):
     """A native path was asked for but its source is missing (internal; status reports it)."""
 
 

@@ -69,3 +69,13 @@ def test_serve_unknown_model_is_a_clear_error(tmp_path: Path):
 
 def test_default_model_id():
     assert default_model_dir().name == MODEL_ID
+
+
+def test_serve_refuses_a_bad_config_value_naming_file_key_and_type(tmp_path: Path):
+    cfg = tmp_path / "config.toml"  # <base-path>/config.toml, read by default
+    cfg.write_text("[cache]\nblock_size = 'big'\n")
+    r = _serve(["--port", str(free_port())], tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert f"omlx: bad value for cache.block_size: 'big' (expected an integer), from config file {cfg}" in out
+    assert "Traceback" not in out

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from omlx.api.anthropic import chat_input, messages_from_anthropic, system_text, thinking_enabled, tools_from_anthropic
-from omlx.errors import InvalidRequestError
+from omlx.errors import ConfigError, InvalidRequestError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "client_requests"
 
@@ -159,7 +159,7 @@ def test_aliases_merge_across_sources_and_context_scale_setting(tmp_path):
     assert cfg.context_scale_to == 200000
     assert load_config({}, env={"OMLX_CONTEXT_SCALE_TO": "65536"}).context_scale_to == 65536
     assert load_config({}, env={}).context_scale_to is None
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(ConfigError, match="context_scale_to must be a positive number"):
         load_config({"context_scale_to": -5}, env={})
 
 

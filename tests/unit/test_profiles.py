@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from omlx.config import ModelSettings, load_config
-from omlx.errors import InvalidRequestError
+from omlx.errors import ConfigError
 from omlx.profiles import effective_settings, overlay, profile_id, split_profile_id
 
 TOML = '''
@@ -47,7 +47,7 @@ def test_model_settings_and_memory_from_toml(tmp_path: Path):
 
 @pytest.mark.parametrize("text, words", [
     ('[models."m"]\nttl = 5\n', "unknown setting 'ttl'"),
-    ('[models."m"]\npin = "yes"\n', "pin has the wrong type"),
+    ('[models."m"]\npin = "yes"\n', r"bad value for models.\"m\".pin: 'yes' \(expected true or false\), from config file"),
     ('[models."m"]\ntask = "vision"\n', "task must be one of"),
     ('[models."m".profiles.p]\npin = true\n', "cannot be set in a profile"),
     ('[models."m".profiles."a:b"]\ndefault_temperature = 0\n', "bad profile name"),
@@ -57,7 +57,7 @@ def test_model_settings_and_memory_from_toml(tmp_path: Path):
 def test_bad_settings_name_the_key(tmp_path: Path, text: str, words: str):
     f = tmp_path / "c.toml"
     f.write_text(text)
-    with pytest.raises(InvalidRequestError, match=words):
+    with pytest.raises(ConfigError, match=words):
         load_config({}, {}, f)
 
 

@@ -12,7 +12,6 @@ import pytest
 
 from omlx.cluster.control import (
     PROTOCOL,
-    AuthError,
     Connection,
     ControlServer,
     check_secret,
@@ -20,6 +19,7 @@ from omlx.cluster.control import (
     join_mac,
     measure_link,
 )
+from omlx.errors import AuthError
 
 SECRET = b"correct horse battery"
 

@@ -15,11 +15,9 @@ from hypothesis import strategies as st
 
 from omlx.cluster.plan import (
     GB,
-    ClusterError,
     ModelLayout,
     NodeSpec,
     Plan,
-    PlanError,
     PlanRequest,
     even_split,
     format_plan_table,
@@ -30,6 +28,7 @@ from omlx.cluster.plan import (
     plan_from_counts,
     plan_pipeline,
 )
+from omlx.errors import ClusterError, OmlxError, PlanError
 
 # --------------------------------------------------------------------------------------------
 # Independent reference: the cost model written out from the spec, and brute force over splits.
@@ -340,7 +339,7 @@ def test_does_not_fit_reports_shortfall_bytes_and_gb() -> None:
     layout = ModelLayout([3 * GB] * 4, GB, GB, 0, False, 0)
     with pytest.raises(PlanError) as err:
         plan_pipeline(layout, [node("a", 8 * GB), node("b", 6 * GB)], NO_KV)
-    assert isinstance(err.value, ClusterError)
+    assert isinstance(err.value, ClusterError) and isinstance(err.value, OmlxError)  # one error tree
     # Needs 14 GB; best split 2+2 layers: a holds 7 GB (fits 8), b holds 7 GB over 6 -> short 1 GB.
     assert err.value.shortfall_bytes == GB
     assert f"short by {GB} bytes (1.00 GB)" in str(err.value)
