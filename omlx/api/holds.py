@@ -1,6 +1,6 @@
 """What one HTTP request holds on the server, and the one place that gives all of it back.
 
-A request to a model route takes, in this order: a `Lease` on its model (the pool's promise not
+A request to a model route takes, in this order: a `ModelLease` on its model (the pool's promise not
 to evict it, loading it first if needed), then, for a generation, its place in the engine (the
 `EventStream` of its `ModelTurn`: a queue place, then a batch slot, prefix-cache blocks and any
 SSD restore in flight, all of which the engine frees when the request finishes or is aborted).
@@ -37,7 +37,7 @@ from omlx.api.park import Park
 from omlx.api.params import requested_model
 from omlx.api.turn import ModelTurn
 from omlx.errors import ModelNotFoundError
-from omlx.pool import EncoderEntry, EnginePool, Lease, PoolEntry, chat_entry, encoder_entry
+from omlx.pool import EncoderEntry, EnginePool, ModelLease, PoolEntry, chat_entry, encoder_entry
 from omlx.request import new_request_id
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class RequestHolds:
     pool: EnginePool
     request_id: str
     owner: str
-    lease: Lease | None = None
+    lease: ModelLease | None = None
     turns: list[ModelTurn] = field(default_factory=list)
     park: Park | None = None
 

@@ -289,7 +289,7 @@ def test_the_pool_catalogue_lists_hub_models_and_resolves_them_in_place(pulled_c
         assert pool.resolve_id(f"{REPO_ID}@main") == REPO_ID  # the default branch is the plain id
         with pytest.raises(ModelNotFoundError):
             pool.resolve_id(f"{REPO_ID}@v1")  # a tag that was never pulled
-        path, task = pool._resolve_path(REPO_ID, pool._slots[REPO_ID].source)
+        path, task = pool.catalogue.resolve_path(REPO_ID, pool.catalogue.records[REPO_ID].source)
         assert task == "chat" and path == pulled_cache / f"models--{REPO_ID.replace('/', '--')}" / "snapshots" / repo4.commit
         with pytest.raises(Exception, match="omlx models pull someone/other"):
             from omlx.engine.loader import resolve_model

@@ -4,7 +4,8 @@ cli -> {api, cluster, bench} -> pool -> engine -> scheduler -> cache -> {memory,
 tool_parsers, profiles} -> {request, config, errors}; api and cluster never import each other;
 sanic only in api/, typer only in cli/, zeroconf only in cluster/discovery.py, prometheus_client
 only in api/; the pure core imports neither mlx nor numpy; bench/ is an HTTP client that imports
-nothing of omlx's server (no api, pool, engine, mlx) beyond omlx.units (the size formatter).
+nothing of omlx's server (no api, pool, engine, mlx) beyond omlx.units (the size formatter) and
+omlx.errors. pool/ is one unit split by job; inside it the parts import one way too (`POOL_ORDER`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ PURE = ["cache/hashing.py", "cache/paged.py", "scheduler.py", "cluster/plan.py",
         "cluster/serving.py", "units.py",
         # the cluster front's stream relay: bytes in, bytes out
         "api/sse_relay.py"]
+
+
+#: omlx/pool/, its face first, then its parts from the front down: a part imports only parts after
+#: it, and none imports the face (``omlx.pool``, which imports them all).
+POOL_ORDER = ["__init__", "engine_pool", "status", "memory_policy", "loaded", "catalogue", "model"]
 
 
 def _unit(path: Path) -> str:
@@ -72,6 +78,18 @@ def test_imports_go_downward(path):
             f"{path.relative_to(PKG)} (level {LEVEL[unit]}) imports omlx.{target} (level {LEVEL[target]}): upward import"
         )
         assert {unit, target} != {"api", "cluster"}, f"{path}: api and cluster must not import each other"
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "pool").glob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
+def test_pool_parts_import_one_way(path):
+    rel = path.relative_to(PKG)
+    assert path.stem in POOL_ORDER, f"{rel} is not in POOL_ORDER: give it its place among the pool's parts"
+    for name in _imports(path):
+        parts = name.split(".")
+        if parts[:2] != ["omlx", "pool"]:
+            continue
+        assert len(parts) > 2, f"{rel} imports the face omlx.pool; import the part that defines the name"
+        assert POOL_ORDER.index(parts[2]) > POOL_ORDER.index(path.stem), f"{rel} imports {name}: upward inside pool/"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))

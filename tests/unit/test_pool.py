@@ -327,11 +327,11 @@ def test_paused_admission_holds_new_requests_but_not_admitted_ones(tmp_path):
 
     pool, _, _ = make_pool(tmp_path, {"a": 100 * MB}, soft=1000 * MB)
     lease = pool.acquire("a")
-    pool.set_admission_paused(True)
+    pool.memory.set_admission_paused(True)
     with pytest.raises(OverloadedError, match="above the soft limit"):
         pool.acquire("a", wait_s=0.2)
     assert pool.get("a").loaded.model_id == "a"  # the route of an admitted request is not held
-    threading.Timer(0.2, pool.set_admission_paused, [False]).start()
+    threading.Timer(0.2, pool.memory.set_admission_paused, [False]).start()
     t0 = time.monotonic()
     pool.release(pool.acquire("a", wait_s=5))
     assert 0.15 < time.monotonic() - t0 < 4

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-import omlx.pool
+import omlx.pool.loaded
 from omlx.api.metrics import Metrics
 from tests.unit.test_pool import MB, make_pool
 
@@ -69,7 +69,7 @@ def test_an_expired_lease_is_an_error_naming_its_request_and_is_counted(tmp_path
     assert b'omlx_leases_expired_total{model="a"} 0.0' in metrics.exposition()
     pool.check_once()
     assert _num_leases(pool, "a") == 1  # young leases stay
-    monkeypatch.setattr(omlx.pool, "LEASE_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(omlx.pool.loaded, "LEASE_TIMEOUT_S", 0.01)
     time.sleep(0.02)
     with caplog.at_level(logging.WARNING, logger="omlx.pool"):
         pool.check_once()
