@@ -265,7 +265,7 @@ def send(server: C.Server, ids: list[int], *, prompt: str | None = None, message
     d["text"] = res.text
     if before is not None and before.get("enabled"):
         after = cache_stats(server)["cold"]
-        for k in ("num_hit_tokens", "num_restored_blocks", "num_restored_bytes", "num_restores_skipped",
+        for k in ("num_cached_tokens", "num_restored_blocks", "num_restored_bytes", "num_restores_skipped",
                   "num_restore_failures", "restore_s"):
             if k in after:
                 d["cold_" + k] = after[k] - before.get(k, 0)
@@ -494,7 +494,7 @@ def main() -> int:
         bound = 2 * nbytes / cold_bw + 0.050
         long_rows.append({"prompt_tokens": c["prompt_tokens"], "cold_ttft_s": c["ttft_s"],
                           "hot_ttft_s": h["ttft_s"], "restart_ttft_s": x["ttft_s"], "restart_cached": x["cached_tokens"],
-                          "restored_tokens": x.get("cold_num_hit_tokens"), "restored_bytes": nbytes,
+                          "restored_tokens": x.get("cold_num_cached_tokens"), "restored_bytes": nbytes,
                           "restore_s": rs, "restore_bytes_per_s": C.ratio(nbytes, rs), "restore_bound_s": bound,
                           "restore_over_bound": C.ratio(rs, bound) if nbytes else None,
                           "speedup": C.ratio(c["ttft_s"], x["ttft_s"])})
@@ -504,7 +504,7 @@ def main() -> int:
         p_, x, n = pop["trace"][k], rst["trace"][k], nc["trace"][k]
         turn_rows.append({"prompt_tokens": x["prompt_tokens"], "populate_ttft_s": p_["ttft_s"], "nocache_ttft_s": n["ttft_s"],
                           "restart_ttft_s": x["ttft_s"], "restart_cached": x["cached_tokens"],
-                          "restored_tokens": x.get("cold_num_hit_tokens"), "restored_bytes": x.get("cold_num_restored_bytes"),
+                          "restored_tokens": x.get("cold_num_cached_tokens"), "restored_bytes": x.get("cold_num_restored_bytes"),
                           "restore_s": x.get("cold_restore_s"), "speedup": C.ratio(n["ttft_s"], x["ttft_s"])})
     fig["trace"] = turn_rows
     restores = [(d.get("cold_num_restored_bytes") or 0, d.get("cold_restore_s") or 0.0) for d in rst["long"] + rst["trace"]]
@@ -548,7 +548,7 @@ def main() -> int:
     for k in range(a.turns):
         o, p_ = mid["omlx"][k], mid["mlx_lm.server"][k]
         mrows.append([f"turn {k + 1}{' (after restart)' if k == rt else ''}", str(o["prompt_tokens"]),
-                      C.ms(o["ttft_s"]), f"{o['cached_tokens']} / {o.get('cold_num_hit_tokens')}", C.ms(p_["ttft_s"]),
+                      C.ms(o["ttft_s"]), f"{o['cached_tokens']} / {o.get('cold_num_cached_tokens')}", C.ms(p_["ttft_s"]),
                       str(p_["cached_tokens"])])
     mrows.append(["total", "", C.ms(fig["midtrace"]["omlx"]["total_ttft_s"]), "",
                   C.ms(fig["midtrace"]["mlx_lm.server"]["total_ttft_s"]), ""])

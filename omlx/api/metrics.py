@@ -205,7 +205,7 @@ class _LiveCollector(Collector):
         hits = CounterMetricFamily("omlx_cache_hits", "Prefix cache lookups that found blocks.", labels=["model", "tier"])
         misses = CounterMetricFamily("omlx_cache_misses", "Prefix cache lookups that found none.",
                                      labels=["model", "tier"])
-        hit_tokens = CounterMetricFamily("omlx_cache_hit_tokens", "Prompt tokens found in the cache.",
+        cached_tokens = CounterMetricFamily("omlx_cache_cached_tokens", "Prompt tokens found in the cache.",
                                          labels=["model", "tier"])
         nbytes = GaugeMetricFamily("omlx_cache_bytes", "Bytes held by each cache tier.", labels=["model", "tier"])
         max_bytes = GaugeMetricFamily("omlx_cache_max_bytes", "Budget of each cache tier.", labels=["model", "tier"])
@@ -227,20 +227,20 @@ class _LiveCollector(Collector):
             if pc is None:
                 continue
             hot = pc.stats()
-            tiers = [("hot", hot["num_lookups"], hot["num_hits"], hot["num_hit_tokens"], hot["num_bytes"],
+            tiers = [("hot", hot["num_lookups"], hot["num_hits"], hot["num_cached_tokens"], hot["num_bytes"],
                       hot["max_bytes"])]
             cold = pc.cold_stats() if hasattr(pc, "cold_stats") else None
             if cold:
-                tiers.append(("cold", cold["num_lookups"], cold["num_hits"], cold["num_hit_tokens"],
+                tiers.append(("cold", cold["num_lookups"], cold["num_hits"], cold["num_cached_tokens"],
                               cold["num_bytes"], cold["max_bytes"]))
             for tier, n_look, n_hit, n_tok, n_bytes, n_max in tiers:
                 lookups.add_metric([mid, tier], float(n_look))
                 hits.add_metric([mid, tier], float(n_hit))
                 misses.add_metric([mid, tier], float(n_look - n_hit))
-                hit_tokens.add_metric([mid, tier], float(n_tok))
+                cached_tokens.add_metric([mid, tier], float(n_tok))
                 nbytes.add_metric([mid, tier], float(n_bytes))
                 max_bytes.add_metric([mid, tier], float(n_max or 0))
-        yield from (loaded, running, waiting, lookups, hits, misses, hit_tokens, nbytes, max_bytes)
+        yield from (loaded, running, waiting, lookups, hits, misses, cached_tokens, nbytes, max_bytes)
 
 
 def _rows(pool: EnginePool) -> list[dict[str, Any]]:

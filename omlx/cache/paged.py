@@ -147,7 +147,7 @@ class PoolStats:
         num_hits: Lookups that reused at least one token.
         num_misses: Lookups that reused none.
         num_query_tokens: Tokens passed to lookups (after ``max_cached_tokens``).
-        num_hit_tokens: Tokens reused by lookups.
+        num_cached_tokens: Tokens reused by lookups.
         num_evictions: Blocks evicted (``on_evict`` was called for each).
         num_evicted_bytes: Bytes of evicted blocks.
         num_rejected: Registrations refused for lack of room or of a cached parent.
@@ -168,7 +168,7 @@ class PoolStats:
     num_hits: int
     num_misses: int
     num_query_tokens: int
-    num_hit_tokens: int
+    num_cached_tokens: int
     num_evictions: int
     num_evicted_bytes: int
     num_rejected: int
@@ -277,7 +277,7 @@ class BlockPool:
         self._num_lookups = 0
         self._num_hits = 0
         self._num_query_tokens = 0
-        self._num_hit_tokens = 0
+        self._num_cached_tokens = 0
         self._num_evictions = 0
         self._num_evicted_bytes = 0
         self._num_rejected = 0
@@ -374,7 +374,7 @@ class BlockPool:
         num_cached = hit.num_cached_tokens
         self._num_lookups += 1
         self._num_query_tokens += limit
-        self._num_hit_tokens += num_cached
+        self._num_cached_tokens += num_cached
         if num_cached:
             self._num_hits += 1
             tick = self._tick()
@@ -679,7 +679,7 @@ class BlockPool:
             num_hits=self._num_hits,
             num_misses=self._num_lookups - self._num_hits,
             num_query_tokens=self._num_query_tokens,
-            num_hit_tokens=self._num_hit_tokens,
+            num_cached_tokens=self._num_cached_tokens,
             num_evictions=self._num_evictions,
             num_evicted_bytes=self._num_evicted_bytes,
             num_rejected=self._num_rejected,

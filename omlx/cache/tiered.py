@@ -278,7 +278,7 @@ class TieredCache:
         self._warned_dtype = False
         self.num_cold_lookups = 0
         self.num_cold_hits = 0
-        self.num_cold_hit_tokens = 0
+        self.num_cold_cached_tokens = 0
         self.num_restored_blocks = 0
         self.num_restored_bytes = 0
         self.num_restores_skipped = 0
@@ -432,7 +432,7 @@ class TieredCache:
         if restored_tokens:
             self.cost.observe_read(restored_bytes, elapsed)
             self.num_cold_hits += 1
-            self.num_cold_hit_tokens += restored_tokens
+            self.num_cold_cached_tokens += restored_tokens
             self.num_restored_blocks += restored_blocks
             self.num_restored_bytes += restored_bytes
         return restored_tokens
@@ -649,7 +649,7 @@ class TieredCache:
             "max_bytes": s.max_bytes,
             "num_lookups": self.num_cold_lookups,
             "num_hits": self.num_cold_hits,
-            "num_hit_tokens": self.num_cold_hit_tokens,
+            "num_cached_tokens": self.num_cold_cached_tokens,
             "num_restored_blocks": self.num_restored_blocks,
             "num_restored_bytes": self.num_restored_bytes,
             "num_restores_skipped": self.num_restores_skipped,

@@ -88,8 +88,8 @@ def _rank_stats(tiers: PrefixCacheTiers | None) -> dict[str, Any]:
     hot = tiers.stats()
     cold = tiers.cold_stats() or {}
     return {"enabled": True,
-            "hot": {k: hot[k] for k in ("num_blocks", "num_bytes", "num_lookups", "num_hits", "num_hit_tokens")},
-            "cold": {k: cold[k] for k in ("num_files", "num_bytes", "num_hits", "num_hit_tokens") if k in cold}}
+            "hot": {k: hot[k] for k in ("num_blocks", "num_bytes", "num_lookups", "num_hits", "num_cached_tokens")},
+            "cold": {k: cold[k] for k in ("num_files", "num_bytes", "num_hits", "num_cached_tokens") if k in cold}}
 
 
 def _lookup(tiers: PrefixCacheTiers | None, group: ClusterGroup, lease_id: int, tokens: list[int],

@@ -220,7 +220,7 @@ class PrefixCacheTiers:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _next_logprobs: OrderedDict[bytes, mx.array] = field(default_factory=OrderedDict)
     _num_logprobs_bytes: int = 0
-    num_whole_hits: int = 0
+    num_whole_prompt_hits: int = 0
     num_snapshots: int = 0
     num_hits_cut_to_snapshot: int = 0
 
@@ -266,7 +266,7 @@ class PrefixCacheTiers:
             n = hit.num_cached_tokens
             is_whole = whole and n == len(token_ids)
             if is_whole:
-                self.num_whole_hits += 1
+                self.num_whole_prompt_hits += 1
             try:
                 caches = self._materialize(hit.parts) if n and materialize else None
             except Exception:
@@ -288,7 +288,7 @@ class PrefixCacheTiers:
             raise ValueError("truncate a lease before materializing it")
         with self._lock:
             if lease.whole:
-                self.num_whole_hits -= 1
+                self.num_whole_prompt_hits -= 1
                 lease.whole = False
             lease.hit.truncate(num_tokens)
             lease.num_cached_tokens = num_tokens
@@ -512,10 +512,10 @@ class PrefixCacheTiers:
             "num_hits": s.num_hits,
             "num_misses": s.num_misses,
             "num_query_tokens": s.num_query_tokens,
-            "num_hit_tokens": s.num_hit_tokens,
+            "num_cached_tokens": s.num_cached_tokens,
             "num_evictions": s.num_evictions,
             "num_evicted_bytes": s.num_evicted_bytes,
-            "num_whole_prompt_hits": self.num_whole_hits,
+            "num_whole_prompt_hits": self.num_whole_prompt_hits,
             "cache_layout": self.spec.describe(),
             "num_snapshots": self.num_snapshots,
             "num_hits_cut_to_snapshot": self.num_hits_cut_to_snapshot,

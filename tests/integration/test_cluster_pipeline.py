@@ -234,7 +234,7 @@ def test_two_ranks_planned_split_matches_single_node_then_survives_nothing_when_
         assert 0 < cached(seeded[1])[0] < seeded[1]["usage"]["prompt_tokens"]
         stats = httpx.get(cluster.url + "/v1/cache/stats").json()["models"][MODEL_ID]["cluster"]["ranks"]
         assert [s["layers"] for s in stats] == health["ranges"]
-        assert all(s["hot"]["num_hit_tokens"] > 256 and s["hot"]["num_blocks"] > 0 for s in stats), stats
+        assert all(s["hot"]["num_cached_tokens"] > 256 and s["hot"]["num_blocks"] > 0 for s in stats), stats
 
         # Kill the last rank: the next request fails fast with a 503 naming the lost peer.
         os.killpg(cluster.procs[1].pid, signal.SIGKILL)

@@ -156,7 +156,7 @@ def test_cache_stats_report_hits(servers):
     stats = httpx.get(cached.url + "/v1/cache/stats").json()["models"][MODEL_ID]
     assert stats["enabled"] is True
     hot = stats["hot"]
-    assert hot["num_hits"] > 0 and hot["num_hit_tokens"] > 0 and hot["num_bytes"] > 0
+    assert hot["num_hits"] > 0 and hot["num_cached_tokens"] > 0 and hot["num_bytes"] > 0
     assert hot["num_bytes"] <= hot["max_bytes"]
     assert hot["num_whole_prompt_hits"] > 0 and hot["num_next_logprobs"] > 0
 

@@ -141,13 +141,13 @@ def test_clean_restart_restores_the_prefix_from_disk(warm_cache, plain, prompt_a
         n = len(prompt_a) - 1  # 9 blocks + 43 tokens of the tail: all but the last prompt token
         assert usage["prompt_tokens_details"] == {"cached_tokens": n, "cached_tokens_cold": n}
         cold = _cold(s)  # (the start-up warm-up chat may have restored its own tail)
-        delta = {k: cold[k] - cold_at_start[k] for k in ("num_hits", "num_hit_tokens", "num_restored_blocks")}
-        assert delta == {"num_hits": 1, "num_hit_tokens": n, "num_restored_blocks": 10}
+        delta = {k: cold[k] - cold_at_start[k] for k in ("num_hits", "num_cached_tokens", "num_restored_blocks")}
+        assert delta == {"num_hits": 1, "num_cached_tokens": n, "num_restored_blocks": 10}
         # Warm again (hot tier now): still the same output, nothing more from disk.
         again, usage = _complete(s, prompt_a)
         assert again == text and usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a)  # whole-prompt hit
         assert usage["prompt_tokens_details"]["cached_tokens_cold"] == 0
-        assert _cold(s)["num_hit_tokens"] == cold["num_hit_tokens"]
+        assert _cold(s)["num_cached_tokens"] == cold["num_cached_tokens"]
     finally:
         s.stop()
     assert "restoring 10 block(s)" in s.log()
@@ -229,7 +229,7 @@ def test_kill9_in_a_loop_while_writing_then_a_clean_start_is_exact(tmp_path, pla
         assert cold["num_bad_files"] == 0 and cold["num_scanned_files"] == report.num_files
         for p in (first[2], first[0]):
             assert _complete(s, p)[0] == plain(p)
-        assert _cold(s)["num_hit_tokens"] > 0
+        assert _cold(s)["num_cached_tokens"] > 0
     finally:
         s.stop()
 
@@ -272,7 +272,7 @@ def test_corrupt_and_foreign_files_are_detected_counted_and_recomputed(warm_cach
         cold = _cold(s)
         assert cold["num_bad_files"] == 3  # + the flipped byte, on read
         # blocks 0 and 1; the rest was recomputed (start: the warm-up chat's own tail)
-        assert cold["num_hit_tokens"] - start["num_hit_tokens"] == 2 * BS
+        assert cold["num_cached_tokens"] - start["num_cached_tokens"] == 2 * BS
         assert usage["prompt_tokens_details"] == {"cached_tokens": 2 * BS, "cached_tokens_cold": 2 * BS}
         again, usage = _complete(s, prompt_a)
         assert again == text and usage["prompt_tokens_details"]["cached_tokens"] == len(prompt_a)  # whole-prompt hit
@@ -306,7 +306,7 @@ def test_files_of_another_model_version_are_a_miss(warm_cache, plain, prompt_a, 
         assert text == plain(prompt_b)
         assert usage["prompt_tokens_details"]["cached_tokens"] == 0
         cold = _cold(s)
-        assert cold["num_hit_tokens"] == 0 and cold["num_bad_files"] == 0
+        assert cold["num_cached_tokens"] == 0 and cold["num_bad_files"] == 0
     finally:
         s.stop()
     assert len(list(old_ns_dir.rglob("*.safetensors"))) == num_old  # untouched

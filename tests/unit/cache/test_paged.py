@@ -486,7 +486,7 @@ def test_stats_count_lookups_hits_and_tokens() -> None:
     pool.lookup(list(range(6)), NS, max_cached_tokens=5)
     stats = pool.stats()
     assert (stats.num_lookups, stats.num_hits, stats.num_misses) == (3, 2, 1)
-    assert stats.num_hit_tokens == 8 + 5
+    assert stats.num_cached_tokens == 8 + 5
     assert stats.num_query_tokens == 10 + 6 + 5
     assert (stats.num_blocks, stats.num_full_blocks, stats.num_tails) == (2, 2, 0)
     assert (stats.num_bytes, stats.num_free_bytes, stats.max_bytes) == (20, 0, 100)

@@ -131,7 +131,7 @@ def test_restore_after_restart_is_exact_and_goes_back_to_the_hot_tier(tmp_path: 
     assert again.num_cached_tokens == 12 and again.num_cached_tokens_cold == 0
     second.release(again)
     stats = second.cold_stats()
-    assert stats["num_hits"] == 1 and stats["num_hit_tokens"] == 12 and stats["num_restored_blocks"] == 3
+    assert stats["num_hits"] == 1 and stats["num_cached_tokens"] == 12 and stats["num_restored_blocks"] == 3
     # restore_s: wall seconds of the restore (reads, validation, conversion), for the benchmark
     assert 0 < stats["restore_s"] < 60 and stats["num_restored_bytes"] > 0
 
