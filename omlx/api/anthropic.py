@@ -373,7 +373,8 @@ async def create_message(http: HttpRequest):
     turn = holds.start(ModelTurn(es, tool_dialect=p.tool_dialect, tools=chat.tools, think=p.think,
                                  in_reasoning=p.in_reasoning))
     await holds.checkpoint("submitted")
-    builder = MessageBuilder(body.model, p.request.num_prompt_tokens, scale=scale, max_tool_calls=chat.max_tool_calls)
+    builder = MessageBuilder(body.model, p.request.num_prompt_tokens, scale=scale, max_tool_calls=chat.max_tool_calls,
+                             message_id="msg_" + holds.request_id)  # the request's one id, as in its log lines
     if body.stream:
         return await _stream(http, turn, builder)
     return await _collect(turn, builder)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import uuid
 from typing import Any
 
 from sanic import Blueprint
@@ -70,6 +69,6 @@ async def rerank(http: HttpRequest):
         if body.return_documents:
             item["document"] = {"text": docs[r.index]}
         results.append(item)
-    return json_response({"id": str(uuid.uuid4()), "model": body.model, "results": results,
+    return json_response({"id": holds.request_id, "model": body.model, "results": results,
                           "usage": {"total_tokens": job.num_tokens},
                           "meta": {"billed_units": {"search_units": 1}}})

@@ -10,7 +10,6 @@ Completions, Models). A streamed choice carries exactly one non-null ``finish_re
 from __future__ import annotations
 
 import time
-import uuid
 from urllib.parse import unquote
 from dataclasses import dataclass
 from typing import Any
@@ -139,7 +138,7 @@ async def _serve(http: HttpRequest, *, chat: bool):
     turn = holds.start(ModelTurn(es, tool_dialect=p.p.tool_dialect, tools=p.tools, think=p.p.think,
                                  in_reasoning=p.p.in_reasoning))
     await holds.checkpoint("submitted")
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    rid = ("chatcmpl-" if chat else "cmpl-") + holds.request_id  # the request's one id, as in its log lines
     created = int(time.time())
     if p.stream:
         return await _stream(http, turn, p, rid, created, chat)

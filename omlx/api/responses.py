@@ -359,7 +359,7 @@ def _prepare(http: HttpRequest) -> _Prepared:
     sampling = p.request.sampling
     reasoning = data.get("reasoning")
     response = {
-        "id": new_id("resp"), "object": "response", "created_at": int(time.time()), "status": "in_progress",
+        "id": "resp_" + holds.request_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
         "background": False, "error": None, "incomplete_details": None, "instructions": instructions,
         "max_output_tokens": body.max_output_tokens, "model": body.model, "output": [],
         "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": previous_id,

@@ -98,38 +98,37 @@ def dotted(loc: tuple[int | str, ...]) -> str | None:
     return out or None
 
 
+_PHRASES = {  # pydantic-core error type -> the old reader's words ({p}: the field's path)
+    "missing": "'{p}' is required",
+    "string_type": "'{p}' must be a string", "string_sub_type": "'{p}' must be a string",
+    "int_type": "'{p}' must be an integer", "int_parsing": "'{p}' must be an integer",
+    "int_from_float": "'{p}' must be an integer",
+    "float_type": "'{p}' must be a finite number", "float_parsing": "'{p}' must be a finite number",
+    "finite_number": "'{p}' must be a finite number",
+    "bool_type": "'{p}' must be a boolean",
+    "list_type": "'{p}' must be an array",
+    "dict_type": "'{p}' must be an object", "model_type": "'{p}' must be an object",
+    "model_attributes_type": "'{p}' must be an object",
+    "greater_than_equal": "'{p}' must be >= {ge} (got {value!r})", "greater_than": "'{p}' must be > {gt} (got {value!r})",
+    "less_than_equal": "'{p}' must be <= {le} (got {value!r})", "less_than": "'{p}' must be < {lt} (got {value!r})",
+    "string_too_short": "'{p}' must not be empty",
+    "too_long": "'{p}' may hold at most {max_length} items",
+    "literal_error": "'{p}' must be one of {expected}; got {value!r}", "enum": "'{p}' must be one of {expected}; got {value!r}",
+    "string_pattern_mismatch": "'{p}' must match {pattern}",
+}
+
+
 def _phrase(kind: str, p: str, ctx: dict[str, Any], value: Any, message: str) -> str:
-    if kind == "missing":
-        return f"'{p}' is required"
-    if kind in ("string_type", "string_sub_type"):
-        return f"'{p}' must be a string"
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"'{p}' must be an integer"
-    if kind in ("float_type", "float_parsing", "finite_number"):
-        return f"'{p}' must be a finite number"
-    if kind == "bool_type":
-        return f"'{p}' must be a boolean"
-    if kind == "list_type":
-        return f"'{p}' must be an array"
-    if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"'{p}' must be an object"
-    if kind in ("greater_than_equal", "greater_than"):
-        return f"'{p}' must be {'>=' if kind == 'greater_than_equal' else '>'} {ctx.get('ge', ctx.get('gt'))} (got {value!r})"
-    if kind in ("less_than_equal", "less_than"):
-        return f"'{p}' must be {'<=' if kind == 'less_than_equal' else '<'} {ctx.get('le', ctx.get('lt'))} (got {value!r})"
-    if kind == "string_too_short":
-        return f"'{p}' must not be empty"
     if kind == "too_short":
-        return f"'{p}' must not be empty" if ctx.get("min_length") == 1 else f"'{p}' must hold at least {ctx.get('min_length')} items"
-    if kind == "too_long":
-        return f"'{p}' may hold at most {ctx.get('max_length')} items"
-    if kind in ("literal_error", "enum"):
-        return f"'{p}' must be one of {ctx.get('expected')}; got {value!r}"
-    if kind == "string_pattern_mismatch":
-        return f"'{p}' must match {ctx.get('pattern')}"
-    if kind == "extra_forbidden":
-        return f"unknown field '{p}'"
-    return f"'{p}': {message}"
+        n = ctx.get("min_length")
+        return f"'{p}' must not be empty" if n == 1 else f"'{p}' must hold at least {n} items"
+    template = _PHRASES.get(kind)
+    if template is None:
+        return f"'{p}': {message}"
+    try:
+        return template.format(p=p, value=value, **ctx)
+    except (KeyError, IndexError, ValueError):
+        return f"'{p}': {message}"
 
 
 def _json_error(message: str) -> InvalidRequestError:
@@ -143,12 +142,8 @@ def _json_error(message: str) -> InvalidRequestError:
     return InvalidRequestError(f"request body is not valid JSON: {message}")
 
 
-def request_error(e: ValidationError, prefix: str = "") -> InvalidRequestError:
-    """The first of ``e``'s errors as the 400 of omlx's error contract (see the module doc).
-
-    Args:
-        prefix: the path of the validated object inside the body (``""``: the body itself).
-    """
+def request_error(e: ValidationError) -> InvalidRequestError:
+    """The first of ``e``'s errors as the 400 of omlx's error contract (see the module doc)."""
     err = e.errors(include_url=False)[0]
     kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
     if kind == "json_invalid":
@@ -156,8 +151,6 @@ def request_error(e: ValidationError, prefix: str = "") -> InvalidRequestError:
     if not loc and kind in ("model_type", "model_attributes_type", "dict_type"):
         return InvalidRequestError(f"request body must be a JSON object, not {_json_kind(err.get('input'))}")
     base = dotted(loc) or ""
-    if prefix:
-        base = f"{prefix}.{base}" if base and not base.startswith("[") else prefix + base
     if kind == "rule":
         p = ctx["rule_param"]
         base = f"{base}.{p}" if base and p else (base or p)
