@@ -19,7 +19,7 @@ from sanic import Request as HttpRequest
 from sanic import json as json_response
 
 from omlx.api import anthropic as anthropic_routes
-from omlx.api.bodies.openai import ChatCompletionRequest, CompletionRequest, OneChoice, Sampling
+from omlx.api.bodies.openai import ChatCompletionRequest, CompletionRequest, Sampling
 from omlx.api.holds import RequestHolds, holding, holds_of
 from omlx.api.openai_framing import ChunkFramer, finish_reason, legacy_logprobs, logprob_json, usage_json
 from omlx.api.prepare import Ask, Prepared, Think, Turn, prepare
@@ -94,7 +94,6 @@ def _prepare(holds: RequestHolds, *, chat: bool) -> _Prepared:
         turn, parse_tools = _chat_turn(body, data, holds.request_id)
     else:
         turn, parse_tools = _completion_turn(body, data), None
-    assert isinstance(body, OneChoice)
     include_usage = bool(body.stream_options and body.stream_options.include_usage is True)
     return _Prepared(prepare(entry, turn, holds.request_id), body.model, body.stream, include_usage, parse_tools)
 

@@ -89,7 +89,6 @@ class Prepared:
         think: the model's think markers when its reasoning is split out, else None.
         in_reasoning: the prompt ends inside an open reasoning block.
         tool_dialect: the dialect that parses tool calls (the model's, or a forced call's).
-        thinking: the reasoning switch the template was rendered with.
     """
 
     entry: PoolEntry
@@ -97,7 +96,6 @@ class Prepared:
     think: Think
     in_reasoning: bool
     tool_dialect: str | None
-    thinking: bool | None
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -226,4 +224,4 @@ def prepare(entry: PoolEntry, turn: Turn, request_id: str) -> Prepared:
                   sampling=sampling(entry, turn.ask, max_tokens, constraint), request_id=request_id)
     logger.debug("request %s: model %s, %d prompt tokens, max_tokens %d", request_id, entry.loaded.model_id,
                  len(ids), max_tokens)
-    return Prepared(entry, req, think, in_reasoning, dialect or entry.tool_dialect, thinking)
+    return Prepared(entry, req, think, in_reasoning, dialect or entry.tool_dialect)
