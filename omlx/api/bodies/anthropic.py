@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from omlx.api.bodies.base import Body, Int, Model, NonEmpty, Part, is_str_list, rule, shape
+from omlx.api.bodies.base import Body, Int, Model, NonEmpty, Part, rule, shape
 
 
 def _is_blocks(v: Any) -> bool:
@@ -129,6 +129,3 @@ class MessagesRequest(CountTokensRequest):
             raise rule("top_p", "'top_p' must be between 0.95 and 1 when thinking is enabled")
         return self
 
-
-__all__ = ["AnthropicMessage", "AnthropicTool", "AnthropicToolChoice", "CountTokensRequest", "MessagesRequest",
-           "Thinking", "is_str_list"]

@@ -71,14 +71,6 @@ def shape(problem: Callable[[Any], str | None], schema: dict[str, Any]) -> Any:
     return Annotated[Any, BeforeValidator(validate), WithJsonSchema(schema)]
 
 
-def is_str_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(s, str) for s in v)
-
-
-def is_object_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, dict) for x in v)
-
-
 # ---- errors -----------------------------------------------------------------------------------
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict", "tuple"}
