@@ -21,7 +21,8 @@ from sanic import Blueprint, Sanic
 from sanic import Request as HttpRequest
 from sanic import json as json_response
 
-from omlx.api.params import get_float, get_str, parse_json_object
+from omlx.api.bodies.admin import PullRequest, UnloadRequest
+from omlx.api.bodies.base import parse_body
 from omlx.engine import hub
 from omlx.engine.catalogue import listing
 from omlx.engine.pulls import PullJob, PullManager
@@ -31,10 +32,6 @@ from omlx.pool import EnginePool
 logger = logging.getLogger(__name__)
 
 bp = Blueprint("admin", url_prefix="/v1")
-
-
-#: The keys ``POST /v1/admin/pulls`` reads.
-PULL_KEYS = ("repo", "revision")
 
 
 def install(app: Sanic) -> None:
@@ -73,8 +70,7 @@ async def unload_model(http: HttpRequest, model_id: str):
     """Unload a model: running requests get ``drain_s`` (body, default 30) to finish, the rest
     fail with a clear error. 400 for a pinned model."""
     model_id = unquote(model_id)
-    body = parse_json_object(http.body, http.app.ctx.config.max_body_bytes) if http.body else {}
-    drain_s = get_float(body, "drain_s", 30.0, lo=0.0, hi=3600.0)
+    drain_s = parse_body(UnloadRequest, http.body, http.app.ctx.config.max_body_bytes).body.drain_s if http.body else 30.0
     pool = _pool(http)
     ev = await pool.call_async(pool.unload, model_id, drain_s=drain_s)
     mid = pool.resolve_id(model_id)
@@ -104,19 +100,14 @@ def _pulls(http: HttpRequest) -> PullManager:
     return http.app.ctx.pulls
 
 
-def pull_ref(body: dict) -> hub.HubRef:
+def pull_ref(body: PullRequest) -> hub.HubRef:
     """The `HubRef` of a ``POST /v1/admin/pulls`` body: ``repo`` is ``ORG/NAME`` (or ``ORG/NAME@REV``),
     ``revision`` an optional branch, tag or commit hash.
 
     Raises:
-        InvalidRequestError: an unknown key, a missing or malformed ``repo``, a malformed ``revision``.
+        InvalidRequestError: a malformed ``repo`` or ``revision``.
     """
-    unknown = sorted(set(body) - set(PULL_KEYS))
-    if unknown:
-        raise InvalidRequestError(f"unknown field(s) {', '.join(map(repr, unknown))}; a pull takes 'repo' and "
-                                  "optionally 'revision'", param=unknown[0])
-    repo = get_str(body, "repo")
-    revision = get_str(body, "revision", None)
+    repo, revision = body.repo, body.revision
     ref = hub.parse_hub_id(repo if revision is None else f"{repo}@{revision}")
     if ref is None or (revision is not None and "@" in repo):
         raise InvalidRequestError(f"'repo' must be a Hugging Face model id ORG/NAME (e.g. "
@@ -132,7 +123,7 @@ async def start_pull(http: HttpRequest):
     routes below). The checks answer at once: 404 no such repo or revision, 403 gated or not
     readable with the server's HF_TOKEN, 422 not an mlx-lm model, 507 not enough disk, 502 the hub
     cannot be reached; 409 when that repo is already being pulled; 400 for a malformed body."""
-    ref = pull_ref(parse_json_object(http.body, http.app.ctx.config.max_body_bytes))
+    ref = pull_ref(parse_body(PullRequest, http.body, http.app.ctx.config.max_body_bytes).body)
     # the checks call the hub: off the event loop
     job = await asyncio.get_running_loop().run_in_executor(None, _pulls(http).start, ref)
     return json_response(job.as_dict(), status=202, headers={"location": f"/v1/admin/pulls/{job.pull_id}"})

@@ -1,8 +1,9 @@
 """Anthropic Messages API routes: POST /v1/messages (streaming and not), /v1/messages/count_tokens.
 
-Request JSON -> the neutral chat messages of `omlx.engine.chat` (rendered with the model's own
-chat template) and `SamplingParams` (the model's ``[models."<id>"]`` defaults where the request is
-silent); engine events -> `ModelTurn` (answer text, reasoning, tool calls in the model's dialect)
+Request JSON (validated by `omlx.api.bodies.anthropic` before the model is leased) -> the neutral
+chat messages of `omlx.engine.chat` and a `Turn` for `omlx.api.prepare` (which renders them with
+the model's own chat template and lays its ``[models."<id>"]`` defaults under the request's
+sampling); engine events -> `ModelTurn` (answer text, reasoning, tool calls in the model's dialect)
 -> `MessageBuilder` (anthropic_framing.py), which orders the Message and its SSE events. Shapes follow
 the Anthropic API reference (Messages, Count tokens, Streaming Messages, Errors). Errors answer in
 Anthropic's shape because the route's path starts with /v1/messages (omlx.api.errors); query
@@ -37,16 +38,17 @@ from sanic import Request as HttpRequest
 from sanic import json as json_response
 
 from omlx.api.anthropic_framing import MessageBuilder, SseEvent, scale_tokens, to_sse
+from omlx.api.bodies.anthropic import CountTokensRequest, MessagesRequest
 from omlx.api.holds import holding, holds_of
-from omlx.api.params import get_bool, get_float, get_int, get_list, get_str, parse_json_object
+from omlx.api.params import get_list
+from omlx.api.prepare import Ask, Think, Turn, prepare, render, thinking_of
 from omlx.api.structured import forced_tool_call
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream
 from omlx.api.turn import ContentDelta, ModelTurn, ReasoningDelta
-from omlx.engine.chat import RenderedPrompt, render_prompt
 from omlx.engine.content import KIND_OF_TYPE, DroppedContent
-from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, OmlxError
+from omlx.errors import EngineError, InvalidRequestError, OmlxError
 from omlx.pool import PoolEntry
-from omlx.request import Admitted, Failed, Finished, Request, SamplingParams
+from omlx.request import Admitted, Failed, Finished
 
 logger = logging.getLogger(__name__)
 
@@ -333,100 +335,37 @@ def chat_input(body: dict[str, Any], max_tokens: int | None, *, strict_content: 
     return ChatInput(messages, tools, thinking_enabled(body, max_tokens), max_tool_calls, dropped)
 
 
-def _stop_sequences(body: dict[str, Any]) -> tuple[str, ...]:
-    v = body.get("stop_sequences")
-    if v is None:
-        return ()
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise InvalidRequestError("'stop_sequences' must be an array of strings", param="stop_sequences")
-    return tuple(s for s in v if s)
-
-
 def context_scale(http: HttpRequest, entry: PoolEntry) -> float:
     """Factor applied to reported token counts (``context_scale_to / model context``; 1 = off)."""
     to = http.app.ctx.config.context_scale_to
     return to / entry.loaded.context_length if to else 1.0
 
 
-def _check_context(num_prompt: int, entry: PoolEntry, scale: float) -> None:
-    ctx = entry.loaded.context_length
-    if num_prompt >= ctx:
+def _turn(body: CountTokensRequest, data: dict[str, Any], scale: float, *,
+          strict_content: bool) -> tuple[Turn, ChatInput]:
+    """A validated Messages (or count_tokens) body -> (the neutral turn, the mapped chat input,
+    whose ``dropped`` counts the content served as placeholders)."""
+    chat = chat_input(data, body.max_tokens, strict_content=strict_content)
+    tc = body.tool_choice
+
+    def constrain(entry: PoolEntry, think: Think, in_reasoning: bool):
+        if chat.tools and tc is not None and tc.type in ("any", "tool"):
+            return forced_tool_call(entry, chat.tools, tc.name if tc.type == "tool" else None, param="tool_choice",
+                                    think=think, in_reasoning=in_reasoning)
+        return None, None
+
+    def too_long(num_prompt: int, ctx: int) -> str:
         # Claude Code recognizes this wording (and its numbers) and compacts the conversation.
-        raise ContextLengthError(
-            f"prompt is too long: {scale_tokens(num_prompt, scale)} tokens > {scale_tokens(ctx - 1, scale)} maximum",
-            param="messages",
-        )
+        return f"prompt is too long: {scale_tokens(num_prompt, scale)} tokens > {scale_tokens(ctx - 1, scale)} maximum"
 
-
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value
-
-
-@dataclass(slots=True)
-class _Prepared:
-    entry: PoolEntry
-    request: Request
-    model_name: str
-    stream: bool
-    chat: ChatInput
-    scale: float
-    think: tuple[str, str] | None
-    in_reasoning: bool
-    tool_dialect: str | None = None  # parses the tool calls: the model's, or a forced call's format
-
-
-def _chat_for(http: HttpRequest, body: dict[str, Any], entry: PoolEntry, max_tokens: int | None) -> ChatInput:
-    """`chat_input` (``strict_content`` from the config), with the model's ``enable_thinking``
-    setting when the request has no ``thinking``."""
-    chat = chat_input(body, max_tokens, strict_content=http.app.ctx.config.strict_content)
-    if body.get("thinking") is None and entry.settings.enable_thinking is not None:
-        chat.enable_thinking = entry.settings.enable_thinking
-    return chat
-
-
-def _render(entry: PoolEntry, chat: ChatInput) -> RenderedPrompt:
-    return render_prompt(entry.loaded.tokenizer, chat.messages, tools=chat.tools, enable_thinking=chat.enable_thinking)
-
-
-def _prepare(http: HttpRequest) -> _Prepared:
-    ctx = http.app.ctx
-    holds = holds_of(http)
-    body = parse_json_object(http.body, ctx.config.max_body_bytes)
-    model_name = get_str(body, "model")
-    max_tokens = get_int(body, "max_tokens", None, lo=1)
-    if max_tokens is None:
-        raise InvalidRequestError("'max_tokens' is required", param="max_tokens")
-    stream = get_bool(body, "stream", False)
-    entry = holds.chat_entry(model_name)
-    chat = _chat_for(http, body, entry, max_tokens)
-    tc = body.get("tool_choice")
-    d = entry.settings  # the model's [models."<id>"] defaults, with the request's profile laid over them
-    sampling_fields = dict(
-        temperature=get_float(body, "temperature", _or(d.default_temperature, 1.0), lo=0.0, hi=1.0),
-        top_p=get_float(body, "top_p", _or(d.default_top_p, 1.0), lo=0.0, hi=1.0),
-        top_k=get_int(body, "top_k", _or(d.default_top_k, 0), lo=0),
-        min_p=_or(d.default_min_p, 0.0),
-        repetition_penalty=_or(d.default_repetition_penalty, 1.0),
-        stop=_stop_sequences(body),
-    )
-    scale = context_scale(http, entry)
-    rendered = _render(entry, chat)
-    prompt_ids = rendered.token_ids
-    _check_context(len(prompt_ids), entry, scale)
-    room = entry.loaded.context_length - len(prompt_ids)
-    if d.max_output_tokens:
-        room = min(room, d.max_output_tokens)
-    think = entry.think if chat.enable_thinking else None
-    in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
-    constraint, dialect = None, entry.tool_dialect
-    if chat.tools and isinstance(tc, dict) and tc.get("type") in ("any", "tool"):
-        constraint, dialect = forced_tool_call(entry, chat.tools, tc.get("name") if tc["type"] == "tool" else None,
-                                               param="tool_choice", think=think, in_reasoning=in_reasoning)
-    sampling = SamplingParams(max_tokens=min(max_tokens, room), constraint=constraint, **sampling_fields)
-    req = Request(model=entry.loaded.model_id, prompt_token_ids=prompt_ids, sampling=sampling, request_id=holds.request_id)
-    logger.debug("messages %s: model %s, %d prompt tokens, max_tokens %d, stream %s", req.request_id,
-                 model_name, len(prompt_ids), sampling.max_tokens, stream)
-    return _Prepared(entry, req, model_name, stream, chat, scale, think, in_reasoning, dialect)
+    ask = Ask()
+    if isinstance(body, MessagesRequest):
+        ask = Ask(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                  stop=tuple(s for s in body.stop_sequences or () if s))
+    # thinking absent: the model's enable_thinking setting, else off
+    turn = Turn(messages=chat.messages, tools=chat.tools, thinking=chat.enable_thinking if body.thinking else None,
+                thinking_default=False, ask=ask, max_tokens=body.max_tokens, constrain=constrain, too_long=too_long)
+    return turn, chat
 
 
 # ---- routes ----------------------------------------------------------------------------------
@@ -442,21 +381,25 @@ def frame(builder: MessageBuilder, ev: Any) -> list[SseEvent]:
 
 
 @bp.post("/messages")
-@holding("chat")
+@holding("chat", MessagesRequest)
 async def create_message(http: HttpRequest):
     holds = holds_of(http)  # owns the lease and the engine request: released when the route ends
-    p = _prepare(http)
-    http.app.ctx.metrics.dropped_content("anthropic", p.request.request_id, p.chat.dropped)
+    body = holds.parsed.body
+    entry = holds.chat_entry(body.model)
+    scale = context_scale(http, entry)
+    turn_in, chat = _turn(body, holds.parsed.data, scale, strict_content=http.app.ctx.config.strict_content)
+    p = prepare(entry, turn_in, holds.request_id)
+    http.app.ctx.metrics.dropped_content("anthropic", holds.request_id, chat.dropped)
     await holds.checkpoint("prepared")
-    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
+    es = EventStream(entry.engine, p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
     # a full queue raises RateLimitError here: a 429 with retry-after, before any SSE
-    turn = holds.start(ModelTurn(es, tool_dialect=p.tool_dialect, tools=p.chat.tools, think=p.think,
+    turn = holds.start(ModelTurn(es, tool_dialect=p.tool_dialect, tools=chat.tools, think=p.think,
                                  in_reasoning=p.in_reasoning))
     await holds.checkpoint("submitted")
-    builder = MessageBuilder(p.model_name, p.request.num_prompt_tokens, scale=p.scale,
-                             max_tool_calls=p.chat.max_tool_calls)
-    if p.stream:
+    builder = MessageBuilder(body.model, p.request.num_prompt_tokens, scale=scale, max_tool_calls=chat.max_tool_calls,
+                             message_id="msg_" + holds.request_id)  # the request's one id, as in its log lines
+    if body.stream:
         return await _stream(http, turn, builder)
     return await _collect(turn, builder)
 
@@ -522,7 +465,7 @@ async def _stream(http: HttpRequest, turn: ModelTurn, builder: MessageBuilder):
 
 
 @bp.post("/messages/count_tokens")
-@holding("chat")
+@holding("chat", CountTokensRequest)
 async def count_tokens(http: HttpRequest):
     """``{"input_tokens": N}``: N is the prompt the same body would send to /v1/messages.
 
@@ -531,13 +474,13 @@ async def count_tokens(http: HttpRequest):
     ``omlx_dropped_content_total``: clients count tokens for the conversation they then send
     (Claude Code does, on every turn), so the metric counts only what a generation left out.
     """
-    body = parse_json_object(http.body, http.app.ctx.config.max_body_bytes)
-    model_name = get_str(body, "model")
-    max_tokens = get_int(body, "max_tokens", None, lo=1)
-    entry = holds_of(http).chat_entry(model_name)
-    n = len(_render(entry, _chat_for(http, body, entry, max_tokens)).token_ids)
-    await holds_of(http).checkpoint("prepared")
-    return json_response({"input_tokens": scale_tokens(n, context_scale(http, entry))})
+    holds = holds_of(http)
+    entry = holds.chat_entry(holds.parsed.body.model)
+    scale = context_scale(http, entry)
+    turn, _ = _turn(holds.parsed.body, holds.parsed.data, scale, strict_content=http.app.ctx.config.strict_content)
+    n = len(render(entry, turn, thinking_of(entry, turn)).token_ids)
+    await holds.checkpoint("prepared")
+    return json_response({"input_tokens": scale_tokens(n, scale)})
 
 
 # ---- /v1/models in Anthropic's shape (served by the OpenAI route when anthropic-version is sent)

@@ -11,7 +11,9 @@ taken, while the model loads, during count_tokens, while queued, prefilling or d
 cancels the route's task when the connection is lost, the cancel lands in whichever await the
 route is in, and the ``finally`` runs. A cancel while the pool's thread is taking the lease is
 the pool's to settle (`EnginePool.acquire_async` releases what the thread then gets). The body
-is read before the route starts, so a client that leaves while sending it holds nothing yet.
+is read before the route starts, so a client that leaves while sending it holds nothing yet; it
+is parsed and validated (`omlx.api.bodies`) once, before the lease, and the route reads it from
+``holds.parsed``.
 
 Watching the client: Sanic stops reading a socket once its buffered input reaches its
 ``REQUEST_BUFFER_SIZE`` (64 KiB) and reads again only for the next request, so the FIN or reset
@@ -34,7 +36,7 @@ from typing import Any, Awaitable, Callable
 from sanic import Request as HttpRequest
 
 from omlx.api.park import Park
-from omlx.api.params import requested_model
+from omlx.api.bodies.base import Body, Parsed, parse_body
 from omlx.api.turn import ModelTurn
 from omlx.errors import ModelNotFoundError
 from omlx.pool import EncoderEntry, EnginePool, ModelLease, PoolEntry, chat_entry, encoder_entry
@@ -53,6 +55,7 @@ class RequestHolds:
         lease: the model lease, once taken.
         turns: the generations submitted to an engine (each aborted on release unless finished).
         park: TEST ONLY: where the request parks (``omlx.api.park``); None in production.
+        parsed: the request's body, parsed and validated once (before the lease is taken).
     """
 
     pool: EnginePool
@@ -61,6 +64,7 @@ class RequestHolds:
     lease: ModelLease | None = None
     turns: list[ModelTurn] = field(default_factory=list)
     park: Park | None = None
+    parsed: Parsed[Any] | None = None
 
     async def take_lease(self, model: str, task: str) -> None:
         """Lease ``model`` for this request (loading it if needed; on the pool's threads).
@@ -140,13 +144,15 @@ def watch_client(http: HttpRequest) -> None:
 Route = Callable[..., Awaitable[Any]]
 
 
-def holding(task: str) -> Callable[[Route], Route]:
-    """Route decorator: the route runs with its `RequestHolds` (``holds_of(http)``), its model
-    leased first when the JSON body names one (``task``: "chat", "embeddings" or "rerank", the
-    kind of model the route needs), and everything released in one ``finally``.
+def holding(task: str, body: type[Body]) -> Callable[[Route], Route]:
+    """Route decorator: the route runs with its `RequestHolds` (``holds_of(http)``), its body
+    parsed and validated once as ``body`` (``holds.parsed``), then the model it names leased
+    (``task``: "chat", "embeddings" or "rerank", the kind of model the route needs), and
+    everything released in one ``finally``.
 
-    A body that names no usable model takes no lease; the route reports the body in its own
-    words. Lease errors (unknown model 404, wrong kind 400, 507, 529) are the route's response.
+    A body that fails validation is a 400 naming the field, before any lease (no model is loaded
+    or rendered for it). Lease errors (unknown model 404, wrong kind 400, 507, 529) are the
+    route's response.
     """
     def wrap(route: Route) -> Route:
         @functools.wraps(route)
@@ -158,9 +164,8 @@ def holding(task: str) -> Callable[[Route], Route]:
             watch_client(http)
             try:
                 await holds.checkpoint("before_lease")
-                model = requested_model(http.body, http.app.ctx.config.max_body_bytes)
-                if model is not None:
-                    await holds.take_lease(model, task)
+                holds.parsed = parse_body(body, http.body, http.app.ctx.config.max_body_bytes)
+                await holds.take_lease(holds.parsed.body.model, task)
                 await holds.checkpoint("leased")
                 return await route(http, *args, **kwargs)
             finally:

@@ -1,11 +1,11 @@
 """The OpenAPI 3.1 document omlx serves at ``GET /openapi.json``.
 
-Hand-maintained from the request validators (omlx.api.params and each protocol's ``_prepare``):
-the same fields, types, ranges and required keys, so a generated client or a fuzzer (the
-schemathesis tests) sends what the routes read. Responses are described loosely (an object);
-every error is one of the two error shapes of omlx.errors. A unit test checks that every route
-registered on the Sanic app appears here with its methods, and nothing else does.
-Must not: import Sanic or build responses (app.py serves the dict).
+Every request body's schema is generated from its model (`omlx.api.bodies`, the same models the
+routes validate with), so a generated client or a fuzzer (the schemathesis tests) sends what the
+routes accept. The paths and their operations are listed here by hand (a line each); responses
+are described loosely (an object); every error is one of the two error shapes of omlx.errors. A
+unit test checks that every route registered on the Sanic app appears here with its methods, and
+nothing else does. Must not: import Sanic or build responses (app.py serves the dict).
 """
 
 from __future__ import annotations
@@ -14,53 +14,17 @@ import copy
 from typing import Any
 
 from omlx import __version__
-from omlx.api.params import REASONING_EFFORTS
+from omlx.api.bodies.schema import REF, body_schemas
 
-_REF = "#/components/schemas/"
+_STR = {"type": "string"}
+_OBJ = {"type": "object"}
 
 
 def _ref(name: str) -> dict[str, Any]:
-    return {"$ref": _REF + name}
+    return {"$ref": REF + name}
 
 
-_INT = {"type": "integer"}
-_STR = {"type": "string"}
-_BOOL = {"type": "boolean"}
-_OBJ = {"type": "object"}
-_STOP4 = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 4}]}
-
-_SAMPLING = {
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": 0},
-    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "seed": _INT,
-    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "repetition_penalty": {"type": "number", "minimum": 0.01, "maximum": 10},
-    "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
-    "n": {"type": "integer", "const": 1},
-    "stream": _BOOL,
-    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
-}
-
-_RESPONSE_FORMAT = {
-    "type": "object", "required": ["type"],
-    "description": "structured outputs, enforced by constrained decoding (llguidance); a schema it cannot "
-                   "enforce is a 400 naming the keyword",
-    "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
-                   "json_schema": {"type": "object", "required": ["schema"],
-                                   "properties": {"name": _STR, "description": _STR, "schema": _OBJ, "strict": _BOOL}}},
-}
-_OPENAI_TOOL = {
-    "type": "object", "required": ["type", "function"],
-    "properties": {"type": {"const": "function"},
-                   "function": {"type": "object", "required": ["name"],
-                                "properties": {"name": {"type": "string", "minLength": 1}, "description": _STR,
-                                               "parameters": _OBJ}}},
-}
-
-SCHEMAS: dict[str, Any] = {
+ERROR_SCHEMAS: dict[str, Any] = {
     "OpenAIError": {
         "type": "object", "required": ["error"],
         "properties": {"error": {"type": "object", "required": ["message", "type"],
@@ -73,131 +37,6 @@ SCHEMAS: dict[str, Any] = {
         "properties": {"type": {"const": "error"},
                        "error": {"type": "object", "required": ["type", "message"],
                                  "properties": {"type": _STR, "message": _STR}}},
-    },
-    "ChatMessage": {
-        "type": "object", "required": ["role"],
-        "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"oneOf": [_STR, {"type": "array", "items": _OBJ}, {"type": "null"}],
-                        "description": "null only for an assistant message with tool_calls"},
-            "tool_calls": {"type": "array", "items": _OBJ},
-            "tool_call_id": _STR,
-            "name": _STR,
-        },
-    },
-    "ChatCompletionRequest": {
-        "type": "object", "required": ["model", "messages"],
-        "properties": {
-            "model": {"type": "string", "minLength": 1},
-            "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "max_completion_tokens": {"type": "integer", "minimum": 1},
-            "stop": _STOP4,
-            "logprobs": _BOOL,
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-            "tools": {"type": "array", "items": _OPENAI_TOOL},
-            "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
-            "response_format": _RESPONSE_FORMAT,
-            "chat_template_kwargs": _OBJ,
-            "reasoning_effort": {"enum": list(REASONING_EFFORTS)},
-            **_SAMPLING,
-        },
-    },
-    "CompletionRequest": {
-        "type": "object", "required": ["model", "prompt"],
-        "properties": {
-            "model": {"type": "string", "minLength": 1},
-            "prompt": {"oneOf": [{"type": "string", "minLength": 1},
-                                 {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "stop": _STOP4,
-            "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
-            "response_format": _RESPONSE_FORMAT,
-            **_SAMPLING,
-        },
-    },
-    "AnthropicMessage": {
-        "type": "object", "required": ["role", "content"],
-        "properties": {"role": {"enum": ["user", "assistant"]},
-                       "content": {"oneOf": [_STR, {"type": "array", "items": {"type": "object", "required": ["type"]}}]}},
-    },
-    "MessagesRequest": {
-        "type": "object", "required": ["model", "max_tokens", "messages"],
-        "properties": {
-            "model": {"type": "string", "minLength": 1},
-            "max_tokens": {"type": "integer", "minimum": 1},
-            "messages": {"type": "array", "minItems": 1, "items": _ref("AnthropicMessage")},
-            "system": {"oneOf": [_STR, {"type": "array", "items": _OBJ}]},
-            "stop_sequences": {"type": "array", "items": _STR},
-            "stream": _BOOL,
-            "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-            "top_k": {"type": "integer", "minimum": 0},
-            "tools": {"type": "array", "items": {"type": "object", "required": ["name"]}},
-            "tool_choice": {"type": "object", "required": ["type"],
-                            "properties": {"type": {"enum": ["auto", "any", "tool", "none"]}, "name": _STR}},
-            "thinking": {"type": "object", "properties": {"type": {"enum": ["enabled", "disabled"]},
-                                                          "budget_tokens": {"type": "integer", "minimum": 1024}}},
-            "metadata": _OBJ,
-        },
-    },
-    "CountTokensRequest": {
-        "type": "object", "required": ["model", "messages"],
-        "properties": {"model": {"type": "string", "minLength": 1},
-                       "messages": {"type": "array", "minItems": 1, "items": _ref("AnthropicMessage")},
-                       "system": {"oneOf": [_STR, {"type": "array", "items": _OBJ}]},
-                       "tools": {"type": "array", "items": _OBJ}},
-    },
-    "ResponsesRequest": {
-        "type": "object", "required": ["model", "input"],
-        "properties": {
-            "model": {"type": "string", "minLength": 1},
-            "input": {"oneOf": [_STR, {"type": "array", "items": _OBJ}]},
-            "instructions": _STR,
-            "max_output_tokens": {"type": "integer", "minimum": 1},
-            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-            "stream": _BOOL,
-            "store": _BOOL,
-            "previous_response_id": _STR,
-            "tools": {"type": "array", "items": _OBJ},
-            "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
-            "parallel_tool_calls": _BOOL,
-            "truncation": {"enum": ["auto", "disabled"]},
-            "include": {"type": "array", "items": _STR},
-            "reasoning": {"type": "object", "properties": {"effort": {"enum": list(REASONING_EFFORTS)}}},
-            "text": _OBJ,
-            "metadata": _OBJ,
-        },
-    },
-    "EmbeddingsRequest": {
-        "type": "object", "required": ["model", "input"],
-        "properties": {"model": {"type": "string", "minLength": 1},
-                       "input": {"oneOf": [{"type": "string", "minLength": 1},
-                                           {"type": "array", "minItems": 1, "maxItems": 2048,
-                                            "items": {"type": "string", "minLength": 1}}]},
-                       "encoding_format": {"enum": ["float", "base64"]},
-                       "dimensions": {"type": "integer", "minimum": 1}},
-    },
-    "RerankRequest": {
-        "type": "object", "required": ["model", "query", "documents"],
-        "properties": {"model": {"type": "string", "minLength": 1}, "query": {"type": "string", "minLength": 1},
-                       "documents": {"type": "array", "minItems": 1, "items": {"oneOf": [_STR, _OBJ]}},
-                       "top_n": {"type": "integer", "minimum": 1}, "return_documents": _BOOL},
-    },
-    "UnloadRequest": {"type": "object", "properties": {"drain_s": {"type": "number", "minimum": 0, "maximum": 3600}}},
-    "PullRequest": {
-        "type": "object", "required": ["repo"], "additionalProperties": False,
-        "description": "a Hugging Face model repo to download into the hub cache (omlx models pull's code). 409: "
-                       "that repo is already being pulled; 400: a malformed body. The pull itself may then fail with "
-                       "the status its error carries in GET /v1/admin/pulls/{id}: 404 no such repo or revision, 403 "
-                       "gated or not readable with HF_TOKEN, 422 not an mlx-lm model, 507 not enough disk, 502 the "
-                       "hub cannot be reached",
-        "properties": {"repo": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
-                                "description": "ORG/NAME (ORG/NAME@REVISION is accepted too)"},
-                       "revision": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
-                                    "description": "a branch, tag or commit hash (default: main)"}},
     },
 }
 
@@ -285,7 +124,7 @@ def openapi_document(server_url: str | None = None) -> dict[str, Any]:
                  "description": "Local LLM server: OpenAI, Anthropic and Responses APIs on MLX."},
         "paths": PATHS,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {**ERROR_SCHEMAS, **body_schemas()},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
                                 "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}},
         },

@@ -20,34 +20,31 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from sanic import Blueprint
 from sanic import Request as HttpRequest
 from sanic import json as json_response
 
+from omlx.api.bodies.responses import ResponsesRequest
 from omlx.api.holds import holding, holds_of
-from omlx.api.openai import logprob_json, sampling_from_openai
-from omlx.api.params import get_bool, get_effort, get_int, get_list, get_str, parse_json_object
+from omlx.api.openai import ask_of, logprob_json
+from omlx.api.prepare import Prepared, Think, Turn, prepare, render_fitting
 from omlx.api.structured import forced_tool_call, strict_tool_calls, text_format
 from omlx.api.responses_framing import ResponseBuilder, new_id
 from omlx.api.sse import KEEPALIVE, SSE_COMMENT_KEEPALIVE, SSE_HEADERS, EventStream, sse_event
 from omlx.api.turn import ContentDelta, ModelTurn
-from omlx.engine.chat import RenderedPrompt, content_text, render_prompt
+from omlx.engine.chat import RenderedPrompt, content_text
 from omlx.engine.content import DroppedContent, placeholder, unreadable_kind
-from omlx.errors import ContextLengthError, EngineError, InvalidRequestError, NotFoundError, OmlxError
+from omlx.errors import EngineError, InvalidRequestError, NotFoundError, OmlxError
 from omlx.pool import PoolEntry
-from omlx.request import Failed, Finished, Request, SamplingParams
+from omlx.request import Failed, Finished
 
 logger = logging.getLogger(__name__)
 
 bp = Blueprint("responses", url_prefix="/v1")
 
-# Fields passed straight to the shared OpenAI sampling reader (extensions beyond the Responses
-# API, such as top_k, are accepted as on /v1/chat/completions).
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
-                    "frequency_penalty", "repetition_penalty", "logit_bias")
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
@@ -293,15 +290,12 @@ def input_to_messages(items: list[Any], flat_names: dict[tuple[str | None, str],
     return msgs
 
 
-def _input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _input_items(raw: Any) -> list[dict[str, Any]]:
     """``input`` as items (a string is one user message), each with an id for input_items."""
-    raw = body.get("input")
     if raw is None:
         return []
     if isinstance(raw, str):
         return [{"id": new_id("msg"), "type": "message", "role": "user", "content": [{"type": "input_text", "text": raw}]}]
-    if not isinstance(raw, list):
-        raise InvalidRequestError("'input' must be a string or an array of items", param="input")
     return [dict(it, id=it.get("id") or new_id("item")) if isinstance(it, dict) else it for it in raw]
 
 
@@ -310,68 +304,30 @@ def _input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 @dataclass(slots=True)
 class _Prepared:
-    entry: PoolEntry
-    request: Request
+    p: Prepared
     stream: bool
     store: bool
     builder: ResponseBuilder
     parse_tools: list[dict[str, Any]]
-    think: tuple[str, str] | None
-    in_reasoning: bool
     input_items: list[dict[str, Any]]
     want_logprobs: bool
-    tool_dialect: str | None = None  # parses the tool calls: the model's, or a forced call's format
     dropped: DroppedContent = field(default_factory=DroppedContent)  # content parts served as placeholders
-
-
-def _sampling(body: dict[str, Any], entry: PoolEntry, num_prompt_tokens: int, want_logprobs: bool) -> SamplingParams:
-    """Responses sampling fields -> SamplingParams through the shared OpenAI reader.
-
-    Raises:
-        InvalidRequestError: a field has the wrong type or range (names the field).
-        ContextLengthError: the input alone fills the model's context (param ``input``).
-    """
-    shim = {k: body[k] for k in _SAMPLING_FIELDS if k in body}
-    shim["max_tokens"] = get_int(body, "max_output_tokens", None, lo=1)
-    shim["top_logprobs"] = get_int(body, "top_logprobs", 0, lo=0, hi=20)
-    shim["logprobs"] = want_logprobs
-    try:
-        return sampling_from_openai(shim, entry, num_prompt_tokens, chat=True)
-    except ContextLengthError as e:
-        e.param = "input"
-        raise
 
 
 def _render(tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], context_length: int,
             truncation: str, enable_thinking: bool | None = None) -> RenderedPrompt:
     """Template and tokenize; with ``truncation: auto`` drop the oldest turns until the prompt fits."""
-    while True:
-        try:
-            rendered = render_prompt(tok, messages, tools=tools or None, enable_thinking=enable_thinking)
-        except InvalidRequestError as e:
-            if e.param == "messages":
-                e.param = "input"
-            raise
-        if truncation != "auto" or len(rendered.token_ids) < context_length:
-            return rendered
-        first = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), None)
-        nxt = next((i for i in range(first + 1, len(messages)) if messages[i]["role"] == "user"), None) if first is not None else None
-        if nxt is None:  # only the last user turn is left
-            return rendered
-        del messages[first:nxt]
+    return render_fitting(tok, messages, tools=tools, context_length=context_length, truncate=truncation == "auto",
+                          thinking=enable_thinking, param="input")
 
 
 def _prepare(http: HttpRequest) -> _Prepared:
-    ctx = http.app.ctx
     holds = holds_of(http)
-    body = parse_json_object(http.body, ctx.config.max_body_bytes)
-    model_name = get_str(body, "model")
-    entry = holds.chat_entry(model_name)
-    if body.get("conversation") is not None:
-        raise InvalidRequestError("'conversation' is not supported here; send previous_response_id or the full input",
-                                  param="conversation")
-    items = _input_items(body)
-    previous_id = get_str(body, "previous_response_id", None)
+    body: ResponsesRequest = holds.parsed.body
+    data = holds.parsed.data
+    entry = holds.chat_entry(body.model)
+    items = _input_items(data.get("input"))
+    previous_id = body.previous_response_id
     history: list[Any] = []
     if previous_id is not None:
         hit = response_store(http).get(previous_id)
@@ -380,88 +336,71 @@ def _prepare(http: HttpRequest) -> _Prepared:
         history = hit[1] + hit[0]["output"]
     all_items = history + items
 
-    tools = get_list(body, "tools", [])
+    tools = data.get("tools") or []
     extra = [t for it in all_items if isinstance(it, dict) and it.get("type") == "additional_tools"
              for t in (it.get("tools") or [])]  # Codex sends some tools as an input item
     chat_tools, names = flatten_tools([*tools, *extra])
-    choice = body.get("tool_choice")
+    choice = body.tool_choice
     chat_tools = _choose_tools(chat_tools, choice)
     forced = bool(chat_tools and (choice == "required" or (isinstance(choice, dict) and (
         choice.get("type") == "function" or choice.get("mode") == "required"))))
-    parallel = get_bool(body, "parallel_tool_calls", True)
-    stream = get_bool(body, "stream", False)
-    store = get_bool(body, "store", True)
-    truncation = get_str(body, "truncation", "disabled")
-    if truncation not in ("auto", "disabled"):
-        raise InvalidRequestError("'truncation' must be 'auto' or 'disabled'", param="truncation")
-    include = get_list(body, "include", [])
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidRequestError("'metadata' must be an object", param="metadata")
-
-    reasoning = body.get("reasoning")
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise InvalidRequestError("'reasoning' must be an object", param="reasoning")
-    effort = get_effort((reasoning or {}).get("effort"), "reasoning.effort")
-    thinking = None if effort is None else effort != "none"
-    if thinking is None:
-        thinking = entry.settings.enable_thinking  # None: the template's default
-
-    instructions = get_str(body, "instructions", None, allow_empty=True)
+    truncation = body.truncation or "disabled"
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    instructions = body.instructions
     messages = ([{"role": "system", "content": instructions}] if instructions else [])
-    dropped = DroppedContent(strict=ctx.config.strict_content)
+    dropped = DroppedContent(strict=http.app.ctx.config.strict_content)
     messages += input_to_messages(all_items, {v: k for k, v in names.items()}, dropped)
-    rendered = _render(entry.loaded.tokenizer, messages, chat_tools, entry.loaded.context_length, truncation, thinking)
-    think = entry.think if thinking is not False else None
-    in_reasoning = bool(think and rendered.text.rstrip().endswith(think[0]))
-    want_logprobs = _LOGPROBS_INCLUDE in include or bool(body.get("top_logprobs"))
-    dialect = entry.tool_dialect
-    if forced:
-        constraint, dialect = forced_tool_call(entry, chat_tools, None, param="tool_choice", think=think,
-                                               in_reasoning=in_reasoning)
-    else:
-        constraint = text_format(entry, body.get("text"), think=think, in_reasoning=in_reasoning)
-        if constraint is None and chat_tools:
-            constraint = strict_tool_calls(entry, chat_tools, request_id=holds.request_id)
-    sampling = replace(_sampling(body, entry, len(rendered.token_ids), want_logprobs), constraint=constraint)
-    request = Request(model=entry.loaded.model_id, prompt_token_ids=rendered.token_ids, sampling=sampling,
-                      request_id=holds.request_id)
+    want_logprobs = _LOGPROBS_INCLUDE in (body.include or ()) or bool(body.top_logprobs)
+    text = data.get("text")
 
+    def constrain(entry: PoolEntry, think: Think, in_reasoning: bool):
+        if forced:
+            return forced_tool_call(entry, chat_tools, None, param="tool_choice", think=think, in_reasoning=in_reasoning)
+        c = text_format(entry, text, think=think, in_reasoning=in_reasoning)
+        if c is None and chat_tools:
+            c = strict_tool_calls(entry, chat_tools, request_id=holds.request_id)
+        return c, None
+
+    turn = Turn(messages=messages, tools=chat_tools, thinking=None if effort is None else effort != "none",
+                truncate=truncation == "auto", max_tokens=body.max_output_tokens, param="input", constrain=constrain,
+                ask=ask_of(body, logprobs=want_logprobs, top_logprobs=body.top_logprobs or 0))
+    p = prepare(entry, turn, holds.request_id)
+    sampling = p.request.sampling
+    reasoning = data.get("reasoning")
     response = {
-        "id": new_id("resp"), "object": "response", "created_at": int(time.time()), "status": "in_progress",
+        "id": "resp_" + holds.request_id, "object": "response", "created_at": int(time.time()), "status": "in_progress",
         "background": False, "error": None, "incomplete_details": None, "instructions": instructions,
-        "max_output_tokens": body.get("max_output_tokens"), "model": model_name, "output": [],
-        "parallel_tool_calls": parallel, "previous_response_id": previous_id,
-        "prompt_cache_key": body.get("prompt_cache_key"),
-        "reasoning": reasoning or {"effort": None, "summary": None}, "store": store,
-        "temperature": sampling.temperature, "text": body.get("text") or {"format": {"type": "text"}},
-        "tool_choice": body.get("tool_choice") or "auto", "tools": tools, "top_logprobs": sampling.top_logprobs,
-        "top_p": sampling.top_p, "truncation": truncation, "usage": None, "user": body.get("user"),
-        "metadata": metadata or {},
+        "max_output_tokens": body.max_output_tokens, "model": body.model, "output": [],
+        "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": previous_id,
+        "prompt_cache_key": body.prompt_cache_key,
+        "reasoning": reasoning or {"effort": None, "summary": None}, "store": body.store,
+        "temperature": sampling.temperature, "text": text or {"format": {"type": "text"}},
+        "tool_choice": choice or "auto", "tools": tools, "top_logprobs": sampling.top_logprobs,
+        "top_p": sampling.top_p, "truncation": truncation, "usage": None, "user": body.user,
+        "metadata": body.metadata or {},
     }
-    builder = ResponseBuilder(response, tool_names=names, parallel_tool_calls=parallel)
-    return _Prepared(entry, request, stream, store, builder, chat_tools, think, in_reasoning, all_items, want_logprobs,
-                     dialect, dropped)
+    builder = ResponseBuilder(response, tool_names=names, parallel_tool_calls=body.parallel_tool_calls)
+    return _Prepared(p, body.stream, body.store, builder, chat_tools, all_items, want_logprobs, dropped)
 
 
 # --------------------------------------------------------------------------- routes
 
 
 @bp.post("/responses")
-@holding("chat")
+@holding("chat", ResponsesRequest)
 async def create_response(http: HttpRequest):
     holds = holds_of(http)  # owns the lease and the engine request: released when the route ends
     p = _prepare(http)
-    http.app.ctx.metrics.dropped_content("responses", p.request.request_id, p.dropped)
+    http.app.ctx.metrics.dropped_content("responses", holds.request_id, p.dropped)
     await holds.checkpoint("prepared")
     b = p.builder
     store = response_store(http) if p.store else None
     on_finish = (lambda: store.put(b.response, p.input_items)) if store is not None else None
-    es = EventStream(p.entry.engine, p.request, http.app.ctx.config.keepalive_s,
+    es = EventStream(p.p.entry.engine, p.p.request, http.app.ctx.config.keepalive_s,
                      observer=http.app.ctx.metrics.observe)
     # a full queue raises here, before any header: HTTP 429
-    turn = holds.start(ModelTurn(es, tool_dialect=p.tool_dialect, tools=p.parse_tools, think=p.think,
-                                 in_reasoning=p.in_reasoning))
+    turn = holds.start(ModelTurn(es, tool_dialect=p.p.tool_dialect, tools=p.parse_tools, think=p.p.think,
+                                 in_reasoning=p.p.in_reasoning))
     await holds.checkpoint("submitted")
     if p.stream:
         resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
@@ -511,7 +450,7 @@ async def frame_turn(turn: ModelTurn, b: ResponseBuilder, *, want_logprobs: bool
 
 
 @bp.post("/responses/input_tokens")
-@holding("chat")
+@holding("chat", ResponsesRequest)
 async def count_input_tokens(http: HttpRequest):
     """The prompt's token count for a Responses body (nothing is generated or stored).
 
@@ -520,7 +459,7 @@ async def count_input_tokens(http: HttpRequest):
     """
     p = _prepare(http)
     await holds_of(http).checkpoint("prepared")
-    return json_response({"object": "response.input_tokens", "input_tokens": p.request.num_prompt_tokens})
+    return json_response({"object": "response.input_tokens", "input_tokens": p.p.request.num_prompt_tokens})
 
 
 @bp.route("/responses", methods=["GET", "HEAD"])  # HEAD: the GET without its body

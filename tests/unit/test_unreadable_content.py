@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from omlx.api.anthropic import chat_input, messages_from_anthropic
-from omlx.api.openai import _validate_messages
+from omlx.api.openai import _messages
 from omlx.api.responses import input_to_messages
 from omlx.cli.serve import serve_flags
 from omlx.config import load_config
@@ -92,7 +92,7 @@ def test_openai_parts_become_placeholders_on_a_line_of_their_own(block, kind):
 @pytest.mark.parametrize("block,kind", OPENAI)
 def test_openai_chat_messages_carry_the_placeholder(block, kind):
     d = DroppedContent()
-    msgs = _validate_messages([
+    msgs = _messages([
         {"role": "user", "content": [block, {"type": "text", "text": "Describe it."}]},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]},
@@ -139,8 +139,8 @@ def test_strict_anthropic_is_the_old_400_naming_the_block(block, kind):
 @pytest.mark.parametrize("block,kind", OPENAI)
 def test_strict_openai_chat_is_the_old_400_naming_the_part(block, kind):
     with pytest.raises(InvalidRequestError) as ei:
-        _validate_messages([{"role": "user", "content": "hi"},
-                            {"role": "user", "content": [{"type": "text", "text": "x"}, block]}], DroppedContent(strict=True))
+        _messages([{"role": "user", "content": "hi"},
+                   {"role": "user", "content": [{"type": "text", "text": "x"}, block]}], DroppedContent(strict=True))
     assert ei.value.param == "messages[1].content[1]"
     assert str(ei.value) == f"messages[1].content: content part 1 of type {block['type']!r} is not supported by this text model"
 
