@@ -64,7 +64,7 @@ class Scheduler:
             self._waiting[request.request_id] = request
 
     def admit(self) -> list[Request]:
-        """Move as many waiting requests to running as there are free slots (FIFO)."""
+        """Move as many waiting requests to running as there is room for (FIFO, up to max_concurrent)."""
         out: list[Request] = []
         with self._lock:
             while self._waiting and len(self._running) < self.max_running:
@@ -75,7 +75,7 @@ class Scheduler:
         return out
 
     def mark_aborting(self, request_id: str) -> bool:
-        """A running request was aborted; until `finish` frees its slot it no longer counts
+        """A running request was aborted; until `finish` frees its place it no longer counts
         against the queue bound of `add`. Returns False when it is not running."""
         with self._lock:
             if request_id not in self._running:
@@ -84,7 +84,7 @@ class Scheduler:
             return True
 
     def finish(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED) -> Request | None:
-        """Free a running request's slot. Returns the request, or None if it was not running."""
+        """Free a running request's place. Returns the request, or None if it was not running."""
         with self._lock:
             self._aborting.discard(request_id)
             req = self._running.pop(request_id, None)

@@ -7,7 +7,7 @@ to more than Sanic's 64 KiB read buffer (``REQUEST_BUFFER_SIZE``), past which th
 reading the socket unless it watches it, as real Claude Code bodies are. `held` and
 `wait_released` read what the server still holds for requests: model leases
 (``/v1/models/status``), hot-tier blocks held by requests (``/v1/cache/stats``) and requests
-running, waiting or holding a batch slot (``/health``).
+running, waiting or holding a batch row (``/health``).
 
 Used by tests/integration/test_load.py and tests/integration/test_disconnect_points.py.
 """

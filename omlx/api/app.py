@@ -86,7 +86,7 @@ def health_report(pool: EnginePool, status: dict[str, Any]) -> tuple[dict[str, A
             "running": st.num_running,
             "aborting": st.num_aborting,  # of the running: aborted, out of the batch after the engine's step
             "waiting": st.num_waiting,
-            "active": e.engine.num_active(),  # requests holding a batch slot on the engine thread
+            "active": e.engine.num_active(),  # requests holding a batch row on the engine thread
             "batch_failures": e.engine.num_batch_failures,
             "request_failures": e.engine.num_request_failures,
             "retried_requests": e.engine.num_retried_requests,

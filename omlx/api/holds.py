@@ -2,7 +2,7 @@
 
 A request to a model route takes, in this order: a `ModelLease` on its model (the pool's promise not
 to evict it, loading it first if needed), then, for a generation, its place in the engine (the
-`EventStream` of its `ModelTurn`: a queue place, then a batch slot, prefix-cache blocks and any
+`EventStream` of its `ModelTurn`: a queue place, then a batch row, prefix-cache blocks and any
 SSD restore in flight, all of which the engine frees when the request finishes or is aborted).
 `RequestHolds` owns both for the request, and `holding` runs the route inside
 ``try: ... finally: holds.release()``: every way out of a request releases them at once, in

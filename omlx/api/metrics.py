@@ -200,7 +200,7 @@ class _LiveCollector(Collector):
         loaded = GaugeMetricFamily("omlx_model_loaded", "1 for each loaded model (pinned: never evicted).",
                                    labels=["model", "pinned"])
         running = GaugeMetricFamily("omlx_requests_running", "Requests decoding or prefilling now.", labels=["model"])
-        waiting = GaugeMetricFamily("omlx_queue_depth", "Requests waiting for a slot.", labels=["model"])
+        waiting = GaugeMetricFamily("omlx_queue_depth", "Requests waiting for a place in the batch.", labels=["model"])
         lookups = CounterMetricFamily("omlx_cache_lookups", "Prefix cache lookups by tier.", labels=["model", "tier"])
         hits = CounterMetricFamily("omlx_cache_hits", "Prefix cache lookups that found blocks.", labels=["model", "tier"])
         misses = CounterMetricFamily("omlx_cache_misses", "Prefix cache lookups that found none.",

@@ -10,7 +10,7 @@ for several requests, the loop looks for them every `_REPASS_S` and needs none.
 frames a batch and writes it with one ``send``. While nothing but prefill progress arrives for
 ``keepalive_s`` (a long prefill), the caller gets a `KEEPALIVE` marker so it can send an SSE
 comment or ping and clients with read timeouts do not give up. When the client goes away,
-`close()` aborts the request so its slot is freed.
+`close()` aborts the request so its batch row is freed.
 
 Must not: touch mlx, or block an engine thread (a sink only appends and maybe schedules).
 """

@@ -76,7 +76,7 @@ def worker_command(
 
 def _exit_with_parent(parent_pid: int, period_s: float = 0.25) -> None:
     """Watch the node agent that started this worker: when it is gone (killed, crashed), the
-    node has left the cluster, so its worker must not hold a ring slot. Portable (no prctl)."""
+    node has left the cluster, so its worker must not hold its place in the ring. Portable (no prctl)."""
     import threading
 
     def watch() -> None:

@@ -160,27 +160,27 @@ class ClusterGroup:
             raise lost_error(self.rank, e) from e
         return json.loads(raw)
 
-    def gather_messages(self, message: dict[str, Any], slot_bytes: int = 4096) -> list[dict[str, Any]]:
+    def gather_messages(self, message: dict[str, Any], region_bytes: int = 4096) -> list[dict[str, Any]]:
         """Every rank's JSON-able message, in rank order; every rank must call this.
 
-        One ``all_sum`` of a (size * slot_bytes,) uint8 buffer in which each rank fills its slot.
+        One ``all_sum`` of a (size * region_bytes,) uint8 buffer in which each rank fills its region.
 
         Raises:
-            ValueError: this rank's message is longer than ``slot_bytes``.
+            ValueError: this rank's message is longer than ``region_bytes``.
             ClusterUnavailableError: a peer's connection was lost.
         """
         payload = json.dumps(message, separators=(",", ":")).encode()
-        if len(payload) > slot_bytes:
-            raise ValueError(f"cluster message of {len(payload)} bytes exceeds the {slot_bytes}-byte slot")
-        buf = bytearray(self.size * slot_bytes)
-        buf[self.rank * slot_bytes:self.rank * slot_bytes + len(payload)] = payload
+        if len(payload) > region_bytes:
+            raise ValueError(f"cluster message of {len(payload)} bytes exceeds the {region_bytes}-byte region")
+        buf = bytearray(self.size * region_bytes)
+        buf[self.rank * region_bytes:self.rank * region_bytes + len(payload)] = payload
         try:
             with self._on_stream():
                 out = mx.distributed.all_sum(mx.array(list(buf), dtype=mx.uint8), group=self.group)
                 raw = bytes(out.tolist())
         except RuntimeError as e:
             raise lost_error(self.rank, e) from e
-        return [json.loads(raw[r * slot_bytes:(r + 1) * slot_bytes].rstrip(b"\0")) for r in range(self.size)]
+        return [json.loads(raw[r * region_bytes:(r + 1) * region_bytes].rstrip(b"\0")) for r in range(self.size)]
 
 
 def lost_error(rank: int, error: BaseException) -> ClusterUnavailableError:

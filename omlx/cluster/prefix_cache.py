@@ -82,7 +82,7 @@ def agree_num_cached(counts: list[int], num_prompt_tokens: int, whole: bool) -> 
 
 
 def _rank_stats(tiers: PrefixCacheTiers | None) -> dict[str, Any]:
-    """A rank's few counters, sent with each lookup (a 4 KiB gather slot holds them)."""
+    """A rank's few counters, sent with each lookup (a 4 KiB gather region holds them)."""
     if tiers is None:
         return {"enabled": False}
     hot = tiers.stats()

@@ -350,18 +350,18 @@ class CacheSpec:
         caches = self.make_cache()
         kvs = joined.get("kv")
         qkvs = [joined[f"kv.{p}"] for p in QUANT_PARTS] if "kv.q" in joined else None
-        for slot, i in enumerate(self.token_layers):
+        for j, i in enumerate(self.token_layers):
             c, spec = caches[i], self.layers[i]
             if spec.kind == QUANTIZED:
                 if qkvs is not None:
-                    qk, qv = tuple(x[slot, 0][None] for x in qkvs), tuple(x[slot, 1][None] for x in qkvs)
+                    qk, qv = tuple(x[j, 0][None] for x in qkvs), tuple(x[j, 1][None] for x in qkvs)
                 else:
                     qk = tuple(joined[f"k.{i}.{p}"][None] for p in QUANT_PARTS)
                     qv = tuple(joined[f"v.{i}.{p}"][None] for p in QUANT_PARTS)
                 c.state = (qk, qv, num_tokens, spec.group_size, spec.bits)
                 continue
             if kvs is not None:
-                k, v = kvs[slot, 0][None], kvs[slot, 1][None]
+                k, v = kvs[j, 0][None], kvs[j, 1][None]
             else:
                 k, v = joined[f"k.{i}"][None], joined[f"v.{i}"][None]
             if spec.kind == ATTENTION:

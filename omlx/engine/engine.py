@@ -262,7 +262,7 @@ class Engine:
         self._wake.set()
 
     def abort(self, request_id: str, error: Exception | None = None) -> None:
-        """Abort a request; its slot is freed on the next step.
+        """Abort a request; its batch row is freed on the next step.
 
         Args:
             error: None when the client went away (the request ends with an ``abort`` finish);
@@ -863,7 +863,7 @@ class Engine:
             observe(num_tokens, now - st.start_s)
 
     def _drop(self, st: _Running, *, remove: bool) -> None:
-        """Forget a request and free its slot and lease, without any event."""
+        """Forget a request and free its batch row and lease, without any event."""
         self._by_uid.pop(st.uid, None)
         self._by_rid.pop(st.request.request_id, None)
         if remove:

@@ -65,12 +65,12 @@ class BatchQuantKVCache(_BaseCache):
     Attributes:
         keys, values: ``(packed, scales, biases)``, each ``(B, H, S, ·)``, or None while empty;
             row ``b`` holds its tokens at ``[left_padding[b], _idx)``.
-        left_padding: ``(B,)`` int32, padding slots at the front of each row.
+        left_padding: ``(B,)`` int32, padding positions at the front of each row.
         offset: ``(B,)`` int32, tokens each row has seen (its RoPE position).
         group_size, bits: the quantization (read by mlx-lm's attention to pick the quantized path).
 
     Args:
-        left_padding: per row, padding slots at the front.
+        left_padding: per row, padding positions at the front.
         group_size, bits: as ``QuantizedKVCache``.
     """
 
@@ -85,7 +85,7 @@ class BatchQuantKVCache(_BaseCache):
         self.group_size, self.bits = group_size, bits
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[QTensors, QTensors]:
-        """Quantize and append ``(B, H, n, D)`` keys and values; returns every slot's quantized KV."""
+        """Quantize and append ``(B, H, n, D)`` keys and values; returns every position's quantized KV."""
         prev, n = self._idx, keys.shape[2]
         if self.keys is None or prev + n > self.keys[0].shape[2]:
             B, H = keys.shape[:2]
@@ -132,7 +132,7 @@ class BatchQuantKVCache(_BaseCache):
         return n
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array:
-        """``(B, 1, N, _idx + N)`` bool: causal, padding slots masked (as ``BatchKVCache``)."""
+        """``(B, 1, N, _idx + N)`` bool: causal, padding positions masked (as ``BatchKVCache``)."""
         return create_causal_mask(N, offset=self._idx, left_padding=self.left_padding, **kwargs)
 
     def filter(self, batch_indices: Sequence[int] | mx.array) -> None:

@@ -179,7 +179,7 @@ def _wait_idle(server, timeout_s: float = 30) -> dict:
         time.sleep(0.2)
 
 
-def test_non_streaming_disconnect_is_an_info_line_and_frees_the_slot(server):
+def test_non_streaming_disconnect_is_an_info_line_and_frees_its_batch_row(server):
     body = {"model": MODEL_ID, "max_tokens": 400, "messages": [{"role": "user", "content": "Write a long story."}]}
     _disconnect_after(server, body, 1.0)
     m = _wait_idle(server)

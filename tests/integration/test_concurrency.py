@@ -1,5 +1,5 @@
 """Continuous batching with the real model: batched output equals single-request output,
-disconnects free their slot, a full queue answers 429, long prefills send keep-alives."""
+disconnects free their batch row, a full queue answers 429, long prefills send keep-alives."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_eight_concurrent_greedy_streams_equal_single_requests(srv):
     assert out == single
 
 
-def test_client_disconnect_frees_the_slot(srv):
+def test_client_disconnect_frees_its_batch_row(srv):
     body = {"model": MODEL_ID, "stream": True, "max_tokens": 400, "temperature": 0,
             "messages": [{"role": "user", "content": "Tell me a very long story about a dragon."}]}
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
@@ -71,7 +71,7 @@ def test_client_disconnect_frees_the_slot(srv):
     deadline = time.monotonic() + 15
     while _running(srv) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _running(srv) == 0, "the aborted request still holds its slot"
+    assert _running(srv) == 0, "the aborted request still holds its batch row"
     r = _client(srv).chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert r.choices[0].finish_reason in ("stop", "length")
 

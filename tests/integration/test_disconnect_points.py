@@ -9,7 +9,7 @@ before the lease, on the pool's thread holding a lease not yet handed over, hold
 prompt rendered, with the request submitted, with a stream's headers out — or later, while the
 engine works: a non-streaming request a random time after it started running, a streaming one a
 random time after its first event. After each departure, within seconds: no model lease, no
-request running, waiting or holding a batch slot, the hot tier's held blocks back where they
+request running, waiting or holding a batch row, the hot tier's held blocks back where they
 were; and at the end no lease expired and no error was logged.
 """
 

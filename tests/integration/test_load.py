@@ -2,7 +2,7 @@
 that leave at every other moment too (issue 26).
 
 Afterwards no request is running or waiting (/health: running, waiting, and ``active``, the
-requests holding a batch slot on the engine thread), no model is leased (``num_leases``), the
+requests holding a batch row on the engine thread), no model is leased (``num_leases``), the
 hot tier holds no more blocks for requests than before, no lease merely expired, no request or
 batch failed, the next request completes, and the log holds no traceback. The clients that
 leave: before the first byte on all three APIs and on count_tokens (back to back, and in

@@ -116,7 +116,7 @@ def test_keepalive_comments_during_long_prefill(server):
     assert all(i > first_data for i in comments)  # response.created goes out before the prefill
 
 
-def test_client_disconnect_frees_the_slot(server, client):
+def test_client_disconnect_frees_its_batch_row(server, client):
     body = {"model": MODEL_ID, "input": "Write a very long story about a dragon.", "max_output_tokens": 2000,
             "stream": True, "store": False}
     with httpx.stream("POST", server.url + "/v1/responses", json=body, timeout=300) as r:

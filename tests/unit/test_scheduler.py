@@ -45,7 +45,7 @@ def test_an_aborting_running_request_frees_its_place_in_line_at_once():
         s.add(_req(2))
     assert s.mark_aborting("r0") and not s.mark_aborting("r1")  # r1 waits; only running ones mark
     s.add(_req(2))  # r0's client is gone: its place is free although it is still in the batch
-    assert s.admit() == []  # ...but its batch slot is not, until the engine finishes it
+    assert s.admit() == []  # ...but its batch row is not, until the engine finishes it
     s.finish("r0", RequestStatus.ABORTED)
     assert [r.request_id for r in s.admit()] == ["r1"]
     with pytest.raises(RateLimitError):

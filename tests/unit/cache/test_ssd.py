@@ -324,7 +324,7 @@ def test_budget_evicts_least_recently_used_leaves_first(tmp_path: Path):
     b = write_chain(store, [4] * 4 + [5] * 4, seed=10)  # b0 -> b1
     assert store.stats().num_files == 5
     store.read(*a[2])  # a's leaf is now the most recently used
-    c = write_chain(store, [6] * 4, seed=20)  # needs one slot: b1 (LRU leaf) goes
+    c = write_chain(store, [6] * 4, seed=20)  # needs room for one: b1 (LRU leaf) goes
     assert not store.contains(b[1][0]) and store.contains(b[0][0])
     write_chain(store, [7] * 4, seed=30)  # next LRU leaf: b0 (a parent only once b1 left)
     assert not store.contains(b[0][0])
