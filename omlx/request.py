@@ -53,7 +53,7 @@ class SamplingParams:
         max_tokens: upper bound on generated tokens (>= 1).
         temperature: 0 means greedy (argmax).
         top_p: nucleus mass in (0, 1]; 1 disables.
-        top_k: keep the k most likely tokens; 0 disables.
+        top_k: keep the k most likely tokens; 0, or k at least the vocabulary size, keeps all.
         min_p: drop tokens below min_p x p(top token); 0 disables.
         seed: makes sampling with temperature > 0 reproducible for this request.
         stop: strings that end generation; never included in the output text.

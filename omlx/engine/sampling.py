@@ -43,7 +43,10 @@ def make_sampler(params: SamplingParams) -> Sampler:
     if params.min_p > 0.0:
         filters.append(lambda x: apply_min_p(x, params.min_p, 1))
     if params.top_k > 0:
-        filters.append(lambda x: apply_top_k(x, params.top_k))
+        # k at or past the vocabulary keeps every token: no filter. mlx-lm's apply_top_k raises
+        # there, inside a function compiled over mx.random.state, which leaves that state
+        # unusable for every later sampled request of the process.
+        filters.append(lambda x: apply_top_k(x, params.top_k) if params.top_k < x.shape[-1] else x)
     temp = params.temperature
     # OpenAI seeds are any integer; MLX keys take 0..2**64-1, so fold the seed into that range.
     key = [mx.random.key(params.seed % 2**64)] if params.seed is not None else None

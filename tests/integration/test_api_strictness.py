@@ -162,6 +162,16 @@ def test_four_stop_strings_are_fine(server):
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_top_k_past_the_vocabulary_keeps_every_token_and_the_next_sampled_request_still_works(server, path):
+    # SmolLM2's vocabulary is 49,152 tokens: top_k 60000 used to be a 500 that broke every later
+    # sampled request of the process (mlx-lm's apply_top_k raised inside its compiled function)
+    for top_k in (60000, None):
+        body = {**_minimal(path), "temperature": 1.0, **({"top_k": top_k} if top_k else {})}
+        r = _post(server, path, body)
+        assert r.status_code == 200, (top_k, r.text)
+
+
 def _disconnect_after(server, body: dict, after_s: float) -> None:
     raw = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", server.port)) as s:

@@ -1,0 +1,32 @@
+"""Per-request samplers (omlx.engine.sampling) at the edges of their settings."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from omlx.engine.sampling import make_sampler
+from omlx.request import SamplingParams
+
+V = 16
+
+
+def _logprobs() -> mx.array:
+    logits = mx.arange(V, dtype=mx.float32)[None] / 4.0  # token V-1 most likely
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def test_top_k_at_or_past_the_vocabulary_keeps_every_token_and_later_samplers_still_work():
+    # A top_k >= V used to raise inside mlx-lm's apply_top_k, compiled over mx.random.state,
+    # and every later sampled request of the process failed ("eval an array without a primitive").
+    for k in (V, V + 1, 60000, 2**63 + 5):
+        tok = make_sampler(SamplingParams(max_tokens=1, temperature=1.0, top_k=k))(_logprobs())
+        mx.eval(tok)
+        assert 0 <= tok.item() < V
+    after = make_sampler(SamplingParams(max_tokens=1, temperature=1.0))(_logprobs())
+    mx.eval(after)
+    assert 0 <= after.item() < V
+
+
+def test_top_k_below_the_vocabulary_still_filters():
+    sampler = make_sampler(SamplingParams(max_tokens=1, temperature=1.0, top_k=1))
+    assert {sampler(_logprobs()).item() for _ in range(20)} == {V - 1}
