@@ -34,7 +34,7 @@ from omlx.engine.grammar import GrammarMatcher, Grammars
 from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.progress import PrefillRate, PrefillStatus, prefill_rate, warn_if_slow
 from omlx.engine.runner import BatchRunner, StepSizes, measured_step_sizes
-from omlx.engine.sampling import make_processors, make_sampler
+from omlx.engine.sampling import make_processors, make_sampler, repair_random_state
 from omlx.errors import ClusterUnavailableError, EngineError
 from omlx.request import (
     Admitted,
@@ -402,6 +402,7 @@ class Engine:
             try:
                 prompt_resps, gen_resps = self._gen.next()
             except Exception as e:  # a failing step never kills the thread
+                repair_random_state()
                 self._fail_attributed(set())
                 self._retry_batch(e)
                 continue
@@ -579,6 +580,7 @@ class Engine:
                     self._insert(req, sink)
                 except Exception as e:
                     logger.exception("could not start request %s", req.request_id)
+                    repair_random_state()
                     self.scheduler.finish(req.request_id, RequestStatus.FAILED)
                     # A lost pipeline (cluster mode) stays a 503 cluster_unavailable, not a 500.
                     err = e if isinstance(e, ClusterUnavailableError) else EngineError(f"could not start generation: {e}")

@@ -8,6 +8,8 @@ else is in the batch.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Callable
 
 import mlx.core as mx
@@ -23,6 +25,24 @@ from mlx_lm.sample_utils import (
 from omlx.request import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
+
+logger = logging.getLogger(__name__)
+
+
+def repair_random_state() -> bool:
+    """Reseed MLX's global PRNG when its state can no longer be evaluated; True if it was.
+
+    mlx-lm's samplers are compiled with ``mx.random.state`` as input and output; one that raises
+    inside leaves a state array without a primitive, and every later sampled request of the process
+    would fail evaluating it. Called on a failed step or start only (it evaluates the state).
+    """
+    try:
+        mx.eval(mx.random.state[0])
+        return False
+    except Exception:  # the exact error is MLX's "eval an array without a primitive"
+        mx.random.seed(int.from_bytes(os.urandom(8), "little"))
+        logger.warning("MLX's random state was left unusable by a failed sampler; reseeded it")
+        return True
 
 
 def make_sampler(params: SamplingParams) -> Sampler:

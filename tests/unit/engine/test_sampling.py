@@ -30,3 +30,19 @@ def test_top_k_at_or_past_the_vocabulary_keeps_every_token_and_later_samplers_st
 def test_top_k_below_the_vocabulary_still_filters():
     sampler = make_sampler(SamplingParams(max_tokens=1, temperature=1.0, top_k=1))
     assert {sampler(_logprobs()).item() for _ in range(20)} == {V - 1}
+
+
+def test_a_broken_random_state_is_reseeded_and_sampling_works_again():
+    from mlx_lm.sample_utils import apply_top_k, categorical_sampling
+
+    from omlx.engine.sampling import repair_random_state
+
+    assert repair_random_state() is False  # a usable state is left alone
+    try:  # what a sampler raising inside a function compiled over mx.random.state leaves behind
+        apply_top_k(mx.zeros((1, V)), V + 3)
+    except ValueError:
+        pass
+    assert repair_random_state() is True
+    tok = categorical_sampling(_logprobs(), 1.0)
+    mx.eval(tok)
+    assert 0 <= tok.item() < V
