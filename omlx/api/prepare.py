@@ -139,7 +139,7 @@ def render_fitting(tok: Any, messages: list[dict[str, Any]], *, tools: list[dict
     while True:
         try:
             rendered = render_prompt(tok, messages, tools=tools or None, enable_thinking=thinking,
-                                     template_kwargs=template_kwargs)
+                                     template_kwargs=template_kwargs, param=param)
         except InvalidRequestError as e:
             if e.param == "messages":
                 e.param = param

@@ -170,6 +170,18 @@ def flatten_tools(tools: list[Any], *, param: str = "tools") -> tuple[list[dict[
     return chat, names
 
 
+def _forces_a_call(choice: Any) -> bool:
+    """``required``, a named function, or ``allowed_tools`` in mode ``required``."""
+    return choice == "required" or (isinstance(choice, dict) and (
+        choice.get("type") == "function" or (choice.get("type") == "allowed_tools" and choice.get("mode") == "required")))
+
+
+def _choice_words(choice: Any) -> str:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return f"naming function {choice.get('name')!r}"
+    return repr(choice) if isinstance(choice, str) else f"{choice.get('type')!r} in mode 'required'"
+
+
 def _choose_tools(chat_tools: list[dict[str, Any]], choice: Any) -> list[dict[str, Any]]:
     """Apply ``tool_choice``: none -> no tools; a named function or ``allowed_tools`` -> those only.
 
@@ -341,6 +353,9 @@ def _prepare(http: HttpRequest) -> _Prepared:
              for t in (it.get("tools") or [])]  # Codex sends some tools as an input item
     chat_tools, names = flatten_tools([*tools, *extra])
     choice = body.tool_choice
+    if not chat_tools and _forces_a_call(choice):  # as chat refuses it; "auto" and "none" stay (Codex sends "auto")
+        raise InvalidRequestError(f"'tool_choice' {_choice_words(choice)} forces a tool call, which needs function "
+                                  "'tools'", param="tool_choice")
     chat_tools = _choose_tools(chat_tools, choice)
     forced = bool(chat_tools and (choice == "required" or (isinstance(choice, dict) and (
         choice.get("type") == "function" or choice.get("mode") == "required"))))

@@ -137,6 +137,7 @@ def render_prompt(
     tools: list[dict[str, Any]] | None = None,
     enable_thinking: bool | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    param: str = "messages",
 ) -> RenderedPrompt:
     """Apply the model's chat template to normalized messages.
 
@@ -145,13 +146,15 @@ def render_prompt(
         messages: role/content dicts (roles: system, user, assistant, tool).
         tools: OpenAI-style function tools for templates that take them.
         enable_thinking: passed to templates with a thinking switch (None: template default).
+        param: the body field the messages came from (``messages``, Responses' ``input``), named
+            when none is left to answer.
 
     Raises:
         InvalidRequestError: no messages, or the template rejects the conversation.
     """
     msgs = normalize_messages(messages)
     if not msgs:
-        raise InvalidRequestError("messages must contain at least one user or assistant message", param="messages")
+        raise InvalidRequestError(f"'{param}' must contain at least one user or assistant message", param=param)
     prefill = msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls")
     kwargs: dict[str, Any] = dict(template_kwargs or {})
     if tools:

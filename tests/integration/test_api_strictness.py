@@ -98,6 +98,37 @@ def test_lax_acceptance_is_now_400(server, path, body, param):
     assert r.json()["error"]["param"] == param, r.json()
 
 
+@pytest.mark.parametrize("path,choice", [
+    ("/v1/chat/completions", "auto"), ("/v1/chat/completions", "required"),
+    ("/v1/messages", {"type": "any"}), ("/v1/messages", {"type": "tool", "name": "get_weather"}),
+    ("/v1/messages/count_tokens", {"type": "any"}),
+    ("/v1/responses", "required"), ("/v1/responses", {"type": "function", "name": "get_weather"}),
+    ("/v1/responses", {"type": "allowed_tools", "mode": "required", "tools": []}),
+])
+def test_a_tool_choice_forcing_a_call_without_tools_is_400_in_every_api(server, path, choice):
+    base = _minimal(path) if path != "/v1/messages/count_tokens" else {"model": MODEL_ID, "messages": HI}
+    r = _post(server, path, {**base, "tool_choice": choice})
+    assert r.status_code == 400, r.text
+    j = r.json()
+    if path.startswith("/v1/messages"):
+        assert j["type"] == "error" and "'tool_choice'" in j["error"]["message"], j
+    else:
+        assert j["error"]["param"] == "tool_choice", j
+
+
+@pytest.mark.parametrize("path,choice", [("/v1/messages", {"type": "auto"}), ("/v1/messages", {"type": "none"}),
+                                         ("/v1/responses", "auto"), ("/v1/responses", "none")])
+def test_a_tool_choice_that_forces_nothing_is_fine_without_tools(server, path, choice):
+    r = _post(server, path, {**_minimal(path), "tool_choice": choice})  # Codex sends "auto" with no tools
+    assert r.status_code == 200, r.text
+
+
+def test_a_responses_request_without_input_names_input(server):
+    r = _post(server, "/v1/responses", {"model": MODEL_ID, "max_output_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    assert "'input'" in r.json()["error"]["message"], r.text
+
+
 def test_anthropic_tool_choice_naming_a_missing_tool_is_400(server):
     tool = {"name": "Bash", "input_schema": {"type": "object"}}
     r = _post(server, "/v1/messages", {"model": MODEL_ID, "max_tokens": 2, "messages": HI, "tools": [tool],

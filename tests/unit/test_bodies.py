@@ -10,13 +10,16 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
 
+from omlx.api.bodies.admin import PullRequest, UnloadRequest
 from omlx.api.bodies.anthropic import CountTokensRequest, MessagesRequest
 from omlx.api.bodies.base import dotted, parse_body
-from omlx.api.bodies.openai import ChatCompletionRequest
+from omlx.api.bodies.encoders import EmbeddingsRequest, RerankRequest
+from omlx.api.bodies.openai import ChatCompletionRequest, CompletionRequest
 from omlx.api.bodies.responses import ResponsesRequest
-from omlx.api.bodies.schema import BODIES, REF
+from omlx.api.bodies.schema import BODIES, REF, body_schemas
 from omlx.api.openapi import openapi_document
 from omlx.errors import InvalidRequestError
 
@@ -74,18 +77,36 @@ def test_anthropic_combinations_are_400_naming_the_parameter(patch, param):
 
 
 def test_what_real_clients_send_is_accepted():
-    for path in sorted(FIXTURES.glob("claude_code__*.json")):
+    routes = {"/v1/messages/count_tokens": CountTokensRequest, "/v1/messages": MessagesRequest,
+              "/v1/responses": ResponsesRequest, "/v1/chat/completions": ChatCompletionRequest}
+    num_bodies = 0
+    for path in sorted(FIXTURES.glob("*.json")):  # Claude Code, Codex (tool_choice "auto" without tools), the SDKs
         rec = json.loads(path.read_text())
         if rec["method"] != "POST":
             continue
-        model = CountTokensRequest if rec["path"].startswith("/v1/messages/count_tokens") else MessagesRequest
+        model = routes[rec["path"].split("?")[0]]
         parse_body(model, json.dumps(rec["body"]).encode())  # system messages, unknown blocks, server tools
-    for path in sorted(FIXTURES.glob("codex__responses_stream_*.json")):
-        parse_body(ResponsesRequest, json.dumps(json.loads(path.read_text())["body"]).encode())  # web_search, namespace
+        num_bodies += 1
+    assert num_bodies >= 30, num_bodies
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "Bash"}])
+@pytest.mark.parametrize("model", [MessagesRequest, CountTokensRequest])
+def test_anthropic_tool_choice_forcing_a_call_without_tools_is_400(model, choice):
+    for tools in ({}, {"tools": []}):
+        err = _error(model, {"model": "m", "max_tokens": 16, "messages": HI, "tool_choice": choice, **tools})
+        assert err.param == "tool_choice" and "needs 'tools'" in err.message, (err.param, err.message)
+
+
+@pytest.mark.parametrize("choice", [{"type": "auto"}, {"type": "none"}])
+def test_anthropic_tool_choice_forcing_nothing_is_fine_without_tools(choice):
+    parse_body(MessagesRequest, json.dumps({"model": "m", "max_tokens": 16, "messages": HI, "tool_choice": choice}).encode())
 
 
 @pytest.mark.parametrize("raw,words", [
-    (b"", "empty"), (b"{", "not valid JSON"), (b"[]", "must be a JSON object, not list"),
+    (b"", "empty"), (b"{", "not valid JSON"), (b"[]", "must be a JSON object, not an array"),
+    (b"null", "must be a JSON object, not null"), (b'"x"', "not a string"), (b"5", "not a number"),
+    (b"true", "not a boolean"),
     (b'{"messages": "\\ud800"}', "unpaired Unicode surrogate"), (b"[" * 100000, "too deeply"),
 ])
 def test_malformed_bytes_are_400_without_a_param(raw, words):
@@ -99,6 +120,92 @@ def test_openapi_request_schemas_are_the_models_own():
         own = model.model_json_schema(ref_template=REF + "{model}")
         own.pop("$defs", None)
         assert schemas[model.__name__] == own, model.__name__
+
+
+# ---- the JSON Schemas say what the models enforce ------------------------------------------------
+
+_PROBE_INTS = sorted({*range(-3, 25), 1000, 1023, 1024, 1025, 3599, 3600, 3601, 2**31})
+_PROBE_FLOATS = [-2.5, -2.01, -2.0, -1.0, -0.01, 0.0, 0.005, 0.01, 0.5, 0.95, 1.0, 1.01, 1.5, 2.0, 2.01, 2.5,
+                 9.99, 10.0, 10.01, 3599.5, 3600.0, 3600.5]
+_PROBED = [  # (model, a body it accepts, the path of the object whose numeric fields are probed)
+    (ChatCompletionRequest, {"model": "m", "messages": HI, "logprobs": True}, ()),
+    (CompletionRequest, {"model": "m", "prompt": "hi"}, ()),
+    (MessagesRequest, {"model": "m", "max_tokens": 16, "messages": HI}, ()),
+    (MessagesRequest, {"model": "m", "max_tokens": 2**40, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 2048}},
+     ("thinking",)),
+    (CountTokensRequest, {"model": "m", "messages": HI}, ()),
+    (ResponsesRequest, {"model": "m", "input": "hi"}, ()),
+    (EmbeddingsRequest, {"model": "m", "input": "hi"}, ()),
+    (RerankRequest, {"model": "m", "query": "q", "documents": ["d"]}, ()),
+    (UnloadRequest, {}, ()),
+    (PullRequest, {"repo": "org/name"}, ()),
+]
+
+
+def _numeric_kind(prop: dict) -> str | None:
+    """"integer" / "number" for a property whose schema (or one of its anyOf arms) is one."""
+    for arm in [prop, *prop.get("anyOf", ())]:
+        if arm.get("type") in ("integer", "number"):
+            return arm["type"]
+    return None
+
+
+def _component_at(schemas: dict, name: str, path: tuple[str, ...]) -> str:
+    for key in path:
+        prop = schemas[name]["properties"][key]
+        ref = next(a["$ref"] for a in [prop, *prop.get("anyOf", ())] if "$ref" in a)
+        name = ref.removeprefix(REF)
+    return name
+
+
+def test_every_numeric_bound_a_model_enforces_is_in_its_json_schema():
+    """Each numeric field, set to values around every bound in use: the model refuses it exactly when
+    its JSON Schema does (a bound written as pydantic's ``ge`` is ignored by schema validators)."""
+    schemas = body_schemas()
+    numeric = {(name, key) for name, s in schemas.items() for key, p in s.get("properties", {}).items() if _numeric_kind(p)}
+    probed: set[tuple[str, str]] = set()
+    wrong = []
+    for model, base, path in _PROBED:
+        parse_body(model, json.dumps(base).encode())
+        name = _component_at(schemas, model.__name__, path)
+        for key, prop in schemas[name].get("properties", {}).items():
+            kind = _numeric_kind(prop)
+            if kind is None:
+                continue
+            probed.add((name, key))
+            schema_ok = jsonschema.Draft202012Validator(prop).is_valid
+            for v in _PROBE_INTS + (_PROBE_FLOATS if kind == "number" else []):
+                body = json.loads(json.dumps(base))
+                obj = body
+                for k in path:
+                    obj = obj[k]
+                obj[key] = v
+                try:
+                    parse_body(model, json.dumps(body).encode())
+                    model_ok, param = True, None
+                except InvalidRequestError as e:
+                    model_ok, param = False, e.param
+                if model_ok != schema_ok(v) or param not in (None, ".".join((*path, key))):
+                    wrong.append((model.__name__, ".".join((*path, key)), v, "model", model_ok, param, "schema", schema_ok(v)))
+    assert not wrong, wrong
+    assert numeric <= probed, numeric - probed  # a new model with numbers needs a line in _PROBED
+
+
+@pytest.mark.parametrize("message,ok", [
+    ({"role": "user", "content": "hi"}, True), ({"role": "user"}, False), ({"role": "user", "content": None}, False),
+    ({"role": "assistant", "content": None}, False), ({"role": "assistant"}, False),
+    ({"role": "assistant", "tool_calls": []}, False), ({"role": "user", "tool_calls": [{"id": "1"}]}, False),
+    ({"role": "assistant", "tool_calls": [{"id": "1"}]}, True), ({"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}, True),
+    ({"role": "tool", "content": "x", "tool_call_id": "1"}, True),
+])
+def test_chat_message_content_is_required_in_the_schema_as_in_the_model(message, ok):
+    schema_ok = jsonschema.Draft202012Validator(body_schemas()["ChatMessage"]).is_valid(message)
+    try:
+        parse_body(ChatCompletionRequest, json.dumps({"model": "m", "messages": [message]}).encode())
+        model_ok = True
+    except InvalidRequestError:
+        model_ok = False
+    assert model_ok == schema_ok == ok, (model_ok, schema_ok)
 
 
 # ---- validation before the lease and the render ------------------------------------------------

@@ -44,3 +44,37 @@ def test_every_operation_documents_its_error_shape():
             assert "4XX" in op["responses"] and {"200", "202"} & set(op["responses"]), (path, method)
             schema = op["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"]
             assert schema.endswith("AnthropicError" if path.startswith("/v1/messages") else "OpenAIError"), (path, schema)
+
+
+def test_the_document_is_valid_openapi_3_1():
+    from openapi_spec_validator import validate
+
+    validate(openapi_document("http://127.0.0.1:8000"))  # raises naming the first schema at fault
+
+
+def _schemas_in(node, where=""):
+    if isinstance(node, dict):
+        yield where, node
+        for k, v in node.items():
+            yield from _schemas_in(v, f"{where}/{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _schemas_in(v, f"{where}/{i}")
+
+
+def _allows_null(schema: dict, components: dict) -> bool:
+    if "$ref" in schema:
+        return _allows_null(components[schema["$ref"].rsplit("/", 1)[1]], components)
+    if "anyOf" in schema or "oneOf" in schema:
+        return any(_allows_null(a, components) for a in schema.get("anyOf", schema.get("oneOf")))
+    t = schema.get("type")
+    return ("const" not in schema and "enum" not in schema and (t is None or t == "null" or (isinstance(t, list) and "null" in t))
+            or schema.get("const", 0) is None or None in schema.get("enum", ()))
+
+
+def test_every_null_default_is_a_value_its_schema_allows():
+    # a field that defaults to None accepts an explicit null (the models take it), so its schema says so
+    components = openapi_document()["components"]["schemas"]
+    wrong = [where for where, s in _schemas_in(components) if "default" in s and s["default"] is None
+             and not _allows_null(s, components)]
+    assert not wrong, wrong

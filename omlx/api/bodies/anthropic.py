@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from omlx.api.bodies.base import Body, Int, Model, NonEmpty, Part, rule, shape
+from omlx.api.bodies.base import Body, IntIn, Model, NonEmpty, Part, rule, shape
 
 
 def _is_blocks(v: Any) -> bool:
@@ -59,7 +59,7 @@ class AnthropicToolChoice(Part):
 
 class Thinking(Part):
     type: Literal["enabled", "adaptive", "disabled"]
-    budget_tokens: Int | None = Field(None, ge=1024)
+    budget_tokens: IntIn(ge=1024) | None = None
 
     @model_validator(mode="after")
     def _budget(self) -> Thinking:
@@ -75,7 +75,7 @@ class Thinking(Part):
 _SYSTEM_BLOCK = {"type": "object", "required": ["type", "text"],
                  "properties": {"type": {"const": "text"}, "text": {"type": "string"}, "cache_control": {"type": "object"}}}
 System = shape(lambda v: None if v is None or _is_blocks(v) else "'{param}' must be a string or an array of text blocks",
-               {"anyOf": [{"type": "string"}, {"type": "array", "items": _SYSTEM_BLOCK}]})
+               {"anyOf": [{"type": "string"}, {"type": "array", "items": _SYSTEM_BLOCK}, {"type": "null"}]})
 
 
 class CountTokensRequest(Body):
@@ -87,11 +87,13 @@ class CountTokensRequest(Body):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: Thinking | None = None
-    max_tokens: Int | None = Field(None, ge=1)
+    max_tokens: IntIn(ge=1) | None = None
 
     @model_validator(mode="after")
     def _combinations(self) -> CountTokensRequest:
         tc = self.tool_choice
+        if tc is not None and tc.type in ("any", "tool") and not self.tools:  # as Anthropic's API refuses it
+            raise rule("tool_choice", f"'tool_choice' {tc.type!r} forces a tool call, which needs 'tools'")
         if tc is not None and tc.type == "tool" and tc.name not in {t.name for t in self.tools or ()}:
             raise rule("tool_choice.name", "'tool_choice.name' must name one of the request's tools")
         t = self.thinking
@@ -103,12 +105,12 @@ class CountTokensRequest(Body):
 class MessagesRequest(CountTokensRequest):
     """``POST /v1/messages``."""
 
-    max_tokens: Int = Field(ge=1)
+    max_tokens: IntIn(ge=1)
     stream: bool = False
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    top_k: Int | None = Field(None, ge=0)
+    top_k: IntIn(ge=0) | None = None
     metadata: dict[str, Any] | None = None
 
     @model_validator(mode="after")

@@ -53,6 +53,16 @@ def _integral(v: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_integral)]
+
+
+def IntIn(ge: int | None = None, le: int | None = None) -> Any:
+    """`Int` bounded to [``ge``, ``le``]: the bounds sit on the integer, inside the validator that
+    takes 4.0 for 4, so its JSON Schema says ``minimum`` / ``maximum``. (``Int | None = Field(ge=1)``
+    puts them outside it, where pydantic enforces them but writes ``ge`` / ``le`` into the schema,
+    keywords no JSON Schema validator knows.)"""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
+
+
 NonEmpty = Annotated[str, Field(min_length=1)]
 Model = Annotated[str, Field(min_length=1, description="a served model id, alias or id:profile")]
 
@@ -152,7 +162,9 @@ def request_error(e: ValidationError) -> InvalidRequestError:
 
 
 def _json_kind(v: Any) -> str:
-    return {list: "list", str: "str", int: "int", float: "float", bool: "bool", type(None): "NoneType"}.get(type(v), type(v).__name__)
+    """The JSON name of a parsed value's type (``null``, not ``NoneType``)."""
+    return {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+            type(None): "null"}.get(type(v), type(v).__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
-
-from omlx.api.bodies.base import Body, Int, Model, NonEmpty, shape
+from omlx.api.bodies.base import Body, IntIn, Model, NonEmpty, shape
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 MAX_DOCUMENTS = 10000
@@ -41,7 +39,7 @@ class EmbeddingsRequest(Body):
     model: Model
     input: Texts
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: Int | None = Field(None, ge=1)
+    dimensions: IntIn(ge=1) | None = None
     truncate: bool = False
     user: str | None = None
 
@@ -70,7 +68,7 @@ class RerankRequest(Body):
     model: Model
     query: NonEmpty
     documents: Documents
-    top_n: Int | None = Field(None, ge=1)
+    top_n: IntIn(ge=1) | None = None
     return_documents: bool = False
 
     def texts(self) -> list[str]:

@@ -12,11 +12,12 @@ schema constrained decoding can enforce) are checked in the route. Must not: imp
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-from omlx.api.bodies.base import Body, Int, Model, NonEmpty, Part, rule, shape
+from omlx.api.bodies.base import Body, Int, IntIn, Model, NonEmpty, Part, rule, shape
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 """OpenAI's ``reasoning_effort`` / ``reasoning.effort`` values (API reference, 2026)."""
@@ -57,7 +58,7 @@ class Sampling(Body):
 
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    top_k: Int | None = Field(None, ge=0)
+    top_k: IntIn(ge=0) | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: Int | None = None
     stop: Stop = None
@@ -96,22 +97,29 @@ class StreamOptions(Part):
     include_usage: bool | None = None
 
 
+def _one(v: Any) -> Any:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v != 1:
+        raise PydanticCustomError("shape", "'{param}' must be 1: this server returns one choice per request")
+    return v
+
+
+One = Annotated[IntIn(ge=1, le=1), BeforeValidator(_one)]
+"""``n`` / ``best_of``: 1 (the schema says minimum = maximum = 1), refused in words that say why."""
+
+
 class OneChoice(Sampling):
     """Fields of the routes that return choices: streaming, ``n`` and ``best_of``."""
 
     model: Model
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Int | None = None
-    best_of: Int | None = None
-    max_tokens: Int | None = Field(None, ge=1)
+    n: One | None = None
+    best_of: One | None = None
+    max_tokens: IntIn(ge=1) | None = None
     response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _one_choice(self) -> OneChoice:
-        for name in ("n", "best_of"):
-            if getattr(self, name) not in (None, 1):
-                raise rule(name, f"'{name}' must be 1: this server returns one choice per request")
         if self.stream_options is not None and not self.stream:
             raise rule("stream_options", "'stream_options' is only allowed when 'stream' is true")
         return self
@@ -159,7 +167,17 @@ ChatContent = shape(_content_problem, {"anyOf": [{"type": "string"}, {"type": "a
                                        "description": "null only for an assistant message with tool_calls"})
 
 
+_CONTENT_REQUIRED = {"anyOf": [  # the _content_required rule, as JSON Schema
+    {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+    {"required": ["role", "tool_calls"], "properties": {"role": {"const": "assistant"},
+                                                        "tool_calls": {"type": "array", "minItems": 1}}}]}
+
+
 class ChatMessage(Part):
+    """``content`` is required (not null) unless the message is an assistant's with ``tool_calls``."""
+
+    model_config = ConfigDict(json_schema_extra=_CONTENT_REQUIRED)
+
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: ChatContent = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -177,9 +195,9 @@ class ChatCompletionRequest(OneChoice):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int | None = Field(None, ge=1)
+    max_completion_tokens: IntIn(ge=1) | None = None
     logprobs: bool | None = None
-    top_logprobs: Int | None = Field(None, ge=0, le=20)
+    top_logprobs: IntIn(ge=0, le=20) | None = None
     tools: list[ChatTool] | None = None
     tool_choice: ChatToolChoice = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -219,7 +237,7 @@ class CompletionRequest(OneChoice):
     """``POST /v1/completions`` (legacy): one prompt, ``logprobs`` an integer 0-5."""
 
     prompt: Prompt
-    logprobs: Int | None = Field(None, ge=0, le=5)
+    logprobs: IntIn(ge=0, le=5) | None = None
 
     def prompt_value(self) -> str | list[int]:
         p = self.prompt

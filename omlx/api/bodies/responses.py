@@ -5,8 +5,9 @@ routes' (`omlx.api.bodies.openai.Sampling`). Lenient exactly where Codex CLI nee
 hosted tools (``web_search``, ``tool_search``, ...) and unknown tool types are accepted and left out
 by the route, a ``namespace`` tool holds function tools, earlier output items come back verbatim in
 ``input`` (each item is checked where it is mapped, `omlx.api.responses.input_to_messages`, which
-names it). ``tool_choice`` naming a function is checked in the route, against the flattened tools
-(those of ``additional_tools`` input items included). Must not: import sanic.
+names it). ``tool_choice`` naming a function, or forcing a call (``required``) when there is no
+function tool, is checked in the route, against the flattened tools (those of ``additional_tools``
+input items included); ``auto`` without tools is fine (Codex sends it). Must not: import sanic.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from omlx.api.bodies.base import Int, Model, NonEmpty, Part, rule, shape
+from omlx.api.bodies.base import IntIn, Model, NonEmpty, Part, rule, shape
 from omlx.api.bodies.openai import Effort, Sampling
 
 
@@ -76,8 +77,8 @@ class ResponsesRequest(Sampling):
     model: Model
     input: Items = None
     instructions: str | None = None
-    max_output_tokens: Int | None = Field(None, ge=1)
-    top_logprobs: Int | None = Field(None, ge=0, le=20)
+    max_output_tokens: IntIn(ge=1) | None = None
+    top_logprobs: IntIn(ge=0, le=20) | None = None
     stream: bool = False
     store: bool = True
     previous_response_id: NonEmpty | None = None
