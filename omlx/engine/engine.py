@@ -29,7 +29,6 @@ from mlx_lm.generate import StopSequences
 from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.cache.paged import common_prefix_len
-from omlx.engine.faults import FaultingModel, FaultPlan, InjectedFault, failing_processor
 from omlx.engine.grammar import GrammarMatcher, Grammars
 from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.progress import PrefillRate, PrefillStatus, prefill_rate, warn_if_slow
@@ -44,6 +43,7 @@ from omlx.request import (
     PrefillProgress,
     Request,
     RequestStatus,
+    SamplingParams,
     TextDelta,
     TokenLogprob,
     Usage,
@@ -162,8 +162,11 @@ class Engine:
         measure_steps: choose both step sizes by measuring the model on this device when the
             engine thread starts (`omlx.engine.runner.measured_step_sizes`: once per model shape
             and device in the process; logged).
-        fault_plan: test-only injected faults (``OMLX_TEST_FAULT``, omlx.engine.faults); None
-            in production.
+        make_processors: a request's logits processors (default:
+            `omlx.engine.sampling.make_processors`; the test-only faults of omlx.engine.faults
+            put theirs here).
+        make_detokenizer: a request's streaming detokenizer (default: a fresh copy of the
+            tokenizer's).
         make_cache: fresh per-layer caches for a new sequence (``--kv-bits``:
             `CacheSpec.make_cache` of the quantized layout); None = mlx-lm's ``make_prompt_cache``.
     """
@@ -183,17 +186,17 @@ class Engine:
         prefill_step_size: int = 2048,
         mixed_step_size: int | None = None,
         measure_steps: bool = False,
-        fault_plan: FaultPlan | None = None,
+        make_processors: Callable[[SamplingParams], list[Any]] = make_processors,
+        make_detokenizer: Callable[[SamplingParams], Any] | None = None,
         make_cache: Callable[[], list[Any]] | None = None,
         num_draft_tokens: int = 0,
         max_tpot_slowdown: float = 0.0,
         pad_shapes: bool = False,
     ):
         self.model_id = model_id
-        self.fault_plan = fault_plan
-        if fault_plan is not None and fault_plan.seeds.get("forward"):
-            model = FaultingModel(model)
         self.model = model
+        self.make_processors = make_processors
+        self.make_detokenizer = make_detokenizer or (lambda p: tokenizer.detokenizer)
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.prefix_cache = prefix_cache
@@ -398,7 +401,6 @@ class Engine:
                 self._wake.clear()
                 self._idle()
                 continue
-            self._arm_forward_fault()
             try:
                 prompt_resps, gen_resps = self._gen.next()
             except Exception as e:  # a failing step never kills the thread
@@ -454,17 +456,6 @@ class Engine:
                     sink(Failed(error))
             except RuntimeError:  # the server's event loop is already closed: nobody is listening
                 pass
-
-    def _arm_forward_fault(self) -> None:
-        """Test-only: arm the one-shot forward fault when a target request is in the batch."""
-        plan = self.fault_plan
-        if plan is None or not isinstance(self.model, FaultingModel):
-            return
-        for st in self._by_uid.values():
-            seed = st.request.sampling.seed
-            if plan.hits("forward", seed) and seed not in plan.forward_fired:
-                plan.forward_fired.add(seed)
-                self.model.armed = True
 
     def _fail_attributed(self, finished_uids: set[int]) -> None:
         """Fail the requests whose own processor or sampler raised in this step; only them."""
@@ -618,10 +609,7 @@ class Engine:
         tokens = req.prompt_token_ids
         p = req.sampling
         rid = req.request_id
-        procs = make_processors(p)
-        if self.fault_plan is not None and self.fault_plan.hits("processor", p.seed):
-            procs = [*procs, failing_processor]
-        procs = [_guard_processor(rid, f, self._faults) for f in procs]
+        procs = [_guard_processor(rid, f, self._faults) for f in self.make_processors(p)]
         sampler = _guard_sampler(rid, make_sampler(p), self._faults)
         grammar = self.grammars.matcher(p.constraint) if p.constraint is not None else None
         pc = self.prefix_cache
@@ -655,7 +643,7 @@ class Engine:
             request=req,
             sink=sink,
             uid=uid,
-            output=OutputState(self.tokenizer.detokenizer, p.stop),
+            output=OutputState(self.make_detokenizer(p), p.stop),
             lease=lease,
             num_cached_tokens=num_cached,
             num_cached_tokens_cold=lease.num_cached_tokens_cold if lease is not None else 0,
@@ -679,7 +667,7 @@ class Engine:
         token never touches the KV at all.
         """
         p = req.sampling
-        st = _Running(request=req, sink=sink, uid=-1, output=OutputState(self.tokenizer.detokenizer, p.stop),
+        st = _Running(request=req, sink=sink, uid=-1, output=OutputState(self.make_detokenizer(p), p.stop),
                       lease=lease, num_cached_tokens=lease.num_cached_tokens,
                       num_cached_tokens_cold=lease.num_cached_tokens_cold, sampler=sampler)
         sink(Admitted(st.num_cached_tokens, st.num_cached_tokens_cold))
@@ -748,8 +736,6 @@ class Engine:
             st.speculation_off = st.speculation_off or r.draft[2]
         is_eos = r.finish_reason == "stop"
         if not is_eos:
-            if self.fault_plan is not None and st.num_generated == 0 and self.fault_plan.hits("detokenize", st.request.sampling.seed):
-                raise InjectedFault("injected detokenize fault (OMLX_TEST_FAULT)")
             st.num_generated += 1
             st.generated_ids.append(int(r.token))
             self._cache_decoded_block(st, r)

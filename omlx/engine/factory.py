@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -99,8 +99,9 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
         ModelImportError: the model cannot be read.
     """
     from omlx.engine.chat import render_prompt
-    from omlx.engine.faults import parse_fault_spec
+    from omlx.engine.faults import inject, parse_fault_spec
     from omlx.engine.loader import load
+    from omlx.engine.sampling import make_processors
     from omlx.request import Failed, Request, SamplingParams
     from omlx.scheduler import Scheduler
 
@@ -113,10 +114,15 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     spec, note = model_cache_spec(loaded, config)
     prefix_cache, note = build_prefix_cache(loaded, config, spec, note)
     fault_plan = parse_fault_spec(config.test_fault)
-    if fault_plan is not None:
+    parts: dict[str, Any] = {}
+    model = loaded.model
+    if fault_plan is not None:  # test-only: the faults come in through the engine's own factories
         logger.warning("TEST FAULT INJECTION is on (OMLX_TEST_FAULT=%s): generation will fail on purpose", config.test_fault)
-    engine = Engine(model_id, loaded.model, loaded.tokenizer, scheduler=scheduler,
-                    prefix_cache=prefix_cache, block_size=config.cache.block_size, fault_plan=fault_plan,
+        injected = inject(fault_plan, model, loaded.tokenizer, make_processors)
+        model = injected.model
+        parts = {"make_processors": injected.make_processors, "make_detokenizer": injected.make_detokenizer}
+    engine = Engine(model_id, model, loaded.tokenizer, scheduler=scheduler, **parts,
+                    prefix_cache=prefix_cache, block_size=config.cache.block_size,
                     measure_steps=config.prefill_step_size is None,
                     prefill_step_size=config.prefill_step_size or 2048,
                     max_tpot_slowdown=config.max_tpot_slowdown,

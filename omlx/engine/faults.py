@@ -5,6 +5,10 @@ in the batched forward pass, to prove that a fault fails only its own request. T
 from ``ServerConfig.test_fault`` (env ``OMLX_TEST_FAULT``, read in config.py only when set);
 when it is None nothing here runs and the engine uses the model and processors as they are.
 
+Everything here stays outside the engine's step loop: `inject` hands the engine a wrapped model
+and the two per-request factories it takes anyway (logits processors, detokenizer), so the
+production loop has no fault branch at all.
+
 Spec: comma-separated items, each ``<where>:seed=<int>``; a request whose ``seed`` equals the
 value is the target.
 
@@ -12,7 +16,9 @@ value is the target.
   the target fails).
 - ``detokenize:seed=N``: emitting the target's first token raises (attributed).
 - ``forward:seed=N``: the batched model forward raises once while the target is in the batch
-  (not attributable: the engine retries every request of the batch).
+  (not attributable: the engine retries every request of the batch). The target gets a logits
+  processor that arms the wrapped model the first time it runs (the target's first sampled
+  token), so the next forward pass, which carries the target, raises.
 
 Must not: be enabled by anything but that variable, or touch mlx-lm's internals.
 """
@@ -20,9 +26,10 @@ Must not: be enabled by anything but that variable, or touch mlx-lm's internals.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from omlx.errors import EngineError, InvalidRequestError
+from omlx.request import SamplingParams
 
 FAULT_KINDS = ("processor", "detokenize", "forward")
 
@@ -88,3 +95,59 @@ class FaultingModel:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
+
+
+class FaultingDetokenizer:
+    """Wraps a request's streaming detokenizer; its first ``add_token`` raises (the
+    ``detokenize`` fault). Every other attribute goes to the wrapped one."""
+
+    def __init__(self, detokenizer: Any):
+        self._detokenizer = detokenizer
+
+    def add_token(self, token: int) -> None:
+        raise InjectedFault("injected detokenize fault (OMLX_TEST_FAULT)")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._detokenizer, name)
+
+
+@dataclass(slots=True)
+class Injected:
+    """What `inject` gives the engine in place of its defaults."""
+
+    model: Any
+    make_processors: Callable[[SamplingParams], list[Any]]
+    make_detokenizer: Callable[[SamplingParams], Any]
+
+
+def inject(plan: FaultPlan, model: Any, tokenizer: Any,
+           make_processors: Callable[[SamplingParams], list[Any]]) -> Injected:
+    """The engine's model and per-request factories with ``plan``'s faults built in.
+
+    Args:
+        model: the mlx-lm model (wrapped in `FaultingModel` when ``plan`` has forward seeds).
+        tokenizer: mlx-lm's ``TokenizerWrapper`` (its ``detokenizer`` property gives a fresh one).
+        make_processors: the production factory (`omlx.engine.sampling.make_processors`).
+    """
+    faulting = FaultingModel(model) if plan.seeds.get("forward") else None
+
+    def processors(p: SamplingParams) -> list[Any]:
+        procs = list(make_processors(p))
+        if plan.hits("processor", p.seed):
+            procs.append(failing_processor)
+        if faulting is not None and plan.hits("forward", p.seed) and p.seed not in plan.forward_fired:
+            seed = p.seed
+
+            def arm(tokens: Any, logits: Any) -> Any:
+                if seed not in plan.forward_fired:
+                    plan.forward_fired.add(seed)
+                    faulting.armed = True
+                return logits
+            procs.append(arm)
+        return procs
+
+    def detokenizer(p: SamplingParams) -> Any:
+        d = tokenizer.detokenizer
+        return FaultingDetokenizer(d) if plan.hits("detokenize", p.seed) else d
+
+    return Injected(faulting if faulting is not None else model, processors, detokenizer)
