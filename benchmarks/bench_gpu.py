@@ -31,7 +31,11 @@ Figures and targets (ratios are ratios of medians over repetitions):
 
 1. **decode, 1 stream**: a ~64-token prompt, 256 tokens; tok/s = (tokens - 1) / (last content
    chunk - first content chunk), the same formula over ``stream_generate``'s yields in-process.
-   omlx >= 0.9x in-process, omlx >= 2x mlx_lm.server.
+   omlx >= 0.9x in-process, omlx >= 2x mlx_lm.server. Each repetition runs its prompt on omlx,
+   mlx_lm.server and the in-process child one after another, in an order that rotates (the
+   device's own speed drifts from minute to minute: in-process ``stream_generate`` alone ranged
+   103-279 tok/s within single runs of 2026-12-04, so ratios are taken between contenders that
+   ran side by side in time).
 2. **aggregate decode at 8 streams**: 8 distinct prompts sent at once, 256 tokens each: all
    generated tokens / wall time from the first send to the end of the last stream (the short
    prompts' prefill included). omlx >= 2x mlx_lm.server. The same prompts go to omlx
@@ -596,7 +600,8 @@ def machine_info() -> dict[str, Any]:
 
 
 def inprocess_child(job_path: str, out_path: str) -> None:
-    """Load, warm up, signal ready, wait for go, measure, write the JSON answer."""
+    """Load, warm up, signal ready, run single-stream repetitions when asked (`InprocTurns`),
+    wait for go, measure the rest, write the JSON answer."""
     import mlx.core as mx
     from mlx_lm import load, stream_generate
     from mlx_lm.generate import BatchGenerator, generate_step
@@ -692,13 +697,25 @@ def inprocess_child(job_path: str, out_path: str) -> None:
         batch((job["warm_short"] * nb)[:nb], 4)
     Path(job["ready_file"]).write_text("ready")
     t_wait = time.perf_counter()
+    res = out["results"]
+    # Single-stream decode, one repetition per request file, taken turn about with the servers'
+    # (phase_decode1): the device's speed drifts between minutes, so a ratio is only fair between
+    # repetitions that ran side by side in time.
+    turns = Path(job["decode_turn_dir"])
+    decoded: list[dict[str, Any]] = []
     while not Path(job["go_file"]).exists():
+        turn = turns / f"turn-{len(decoded)}"
+        if turn.exists() and len(decoded) < len(job["decode"]):
+            decoded.append(decode(job["decode"][len(decoded)], job["decode_tokens"]))
+            (turns / f"done-{len(decoded) - 1}.json").write_text(json.dumps(decoded[-1]))
+            continue
         if time.perf_counter() - t_wait > job["go_timeout_s"]:
             out["error"] = "no go signal"
             break
-        time.sleep(0.05)
+        time.sleep(0.002)
     out["waited_s"] = time.perf_counter() - t_wait
-    res = out["results"]
+    if decoded:
+        res["decode"] = decoded
     bs = int(job["block_size"])
 
     def edit_case(orig: str, edited: str) -> dict[str, Any]:
@@ -713,7 +730,7 @@ def inprocess_child(job_path: str, out_path: str) -> None:
                 "suffix_block_aligned_s": first_token(b[nb:], cache_with(b[:nb]))}
 
     sections = [
-        ("decode", lambda: [decode(x, job["decode_tokens"]) for x in job["decode"]]),
+        ("decode", lambda: res.get("decode") or [decode(x, job["decode_tokens"]) for x in job["decode"]]),
         ("batch", lambda: {str(len(b["texts"])): [batch(b["texts"], b["max_tokens"]) for _ in range(b["reps"])]
                            for b in job["batch"]}),
         ("prefill_cold", lambda: [{"prompt_tokens": len(enc(x)), "ttft_s": first_token(enc(x), make_prompt_cache(model))}
@@ -774,17 +791,50 @@ def fits(run: Run, phase: str, est_s: float) -> bool:
     return True
 
 
-async def phase_decode1(run: Run, client: Any, srvs: list[Srv], prompts: list[str]) -> None:
+class InprocTurns:
+    """The in-process child's single-stream repetitions, one per call, taken in turn with the
+    servers' (see `inprocess_child`); ``None`` once the child is gone or too slow to answer."""
+
+    def __init__(self, turn_dir: Path, child: subprocess.Popen, timeout_s: float):
+        self.dir, self.child, self.timeout_s = turn_dir, child, timeout_s
+        self.num_done = 0
+
+    async def decode(self) -> dict[str, Any] | None:
+        i = self.num_done
+        (self.dir / f"turn-{i}").write_text("go")
+        done = self.dir / f"done-{i}.json"
+        t = time.perf_counter()
+        while not done.exists():
+            if self.child.poll() is not None or time.perf_counter() - t > self.timeout_s:
+                return None
+            await asyncio.sleep(0.01)
+        self.num_done += 1
+        return json.loads(done.read_text())
+
+
+async def phase_decode1(run: Run, client: Any, srvs: list[Srv], prompts: list[str],
+                        inproc: InprocTurns | None = None) -> None:
+    """Each repetition runs the same prompt on every contender, in an order that rotates, the
+    in-process ``stream_generate`` among them when ``inproc`` is given."""
     sz = run.sz
     raw: dict[str, list] = run.data["raw"].setdefault("decode_1", {s.label: [] for s in srvs})
+    contenders: list[Srv | None] = [*srvs, None] if inproc is not None else list(srvs)
     rep_s = None
     for rep, p in enumerate(prompts):
         if rep_s is not None and run.left() < rep_s * 1.5:
             run.note(f"decode_1: stopped after {rep} repetitions (budget)")
             break
         t = time.perf_counter()
-        order = srvs if rep % 2 == 0 else list(reversed(srvs))
+        k = rep % len(contenders)
+        order = contenders[k:] + contenders[:k]
         for s in order:
+            if s is None:
+                got = await inproc.decode()
+                if got is None:
+                    run.note("decode_1: the in-process child did not answer; its single stream runs after the servers'")
+                    contenders.remove(None)
+                    inproc = None
+                continue
             await ssd_idle(run, client, s, "decode_1")
             r = await stream(client, s, p, sz["decode_tokens"], sz["request_timeout_s"])
             raw[s.label].append(slim(r))
@@ -1181,6 +1231,7 @@ async def main_async(run: Run) -> None:
             "mlx_lm.server": Srv("mlx_lm.server", "mlx_lm", model, list(args.peer_arg), work)}
     job = {"model": str(model), "prefill_step_size": 2048, "ready_file": str(work / "inproc.ready"),
            "go_file": str(work / "inproc.go"), "go_timeout_s": sz["start_timeout_s"] + 120,
+           "decode_turn_dir": str(work),
            "warm_long": pm.text(L), "warm_short": P["warm"]["short"][:2],
            "decode": P["decode"], "decode_tokens": sz["decode_tokens"],
            "batch": [{"texts": w, "max_tokens": sz["mid_tokens"], "reps": 1} for w in P["mid"][:1]]
@@ -1216,12 +1267,21 @@ async def main_async(run: Run) -> None:
                 await ssd_idle(run, client, main, "the in-process run")
             run.data["omlx_health"] = health
             run.data["prefill_chunk"] = prefill_chunk_info(main, health)
-            run.log("warm-ups done; in-process run starts")
-            # in-process: wait for its warm-up, then let it measure while the servers are idle
+            # in-process: wait for its warm-up; its single stream takes turns with the servers'
+            # (decode_1), then it measures the rest while the servers are idle
             t = time.perf_counter()
             ready = Path(job["ready_file"])
             while not ready.exists() and child.poll() is None and time.perf_counter() - t < sz["inproc_timeout_s"]:
                 await asyncio.sleep(0.1)
+            omlx_up = [s for s in (srvs["omlx"], srvs["mlx_lm.server"]) if s.up]
+            if ready.exists() and fits(run, "decode_1", 10):
+                run.log("warm-ups done; phase decode_1 (servers and in-process in turn) ...")
+                t = time.perf_counter()
+                await phase_decode1(run, client, omlx_up, P["decode"],
+                                    InprocTurns(work, child, sz["request_timeout_s"]))
+                run.data["phases"]["decode_1"] = {"s": _r(time.perf_counter() - t, 2)}
+                run.save()
+            run.log("in-process run starts")
             Path(job["go_file"]).write_text("go")
             t = time.perf_counter()
             while child.poll() is None and time.perf_counter() - t < sz["inproc_timeout_s"]:
@@ -1236,7 +1296,6 @@ async def main_async(run: Run) -> None:
                 run.note(f"in-process child failed: {child_log.read_text(errors='replace')[-1500:]}")
             run.save()
 
-            omlx_up = [s for s in (srvs["omlx"], srvs["mlx_lm.server"]) if s.up]
             all_up = [s for s in srvs.values() if s.up]
             phases: list[tuple[str, float, Callable[[], Any]]] = [
                 ("decode_1", 10, lambda: phase_decode1(run, client, omlx_up, P["decode"])),
@@ -1249,6 +1308,8 @@ async def main_async(run: Run) -> None:
                  if main.up else asyncio.sleep(0)),
             ]
             for name, est, fn in phases:
+                if name in run.data["phases"]:  # decode_1, run beside the in-process child above
+                    continue
                 if not fits(run, name, est):
                     continue
                 t = time.perf_counter()
