@@ -508,3 +508,9 @@ TABLE: dict[str, list[Case]] = {
     "muse_spark": MUSE_SPARK,
     "harmony": HARMONY,
 }
+
+# Outputs rendered from the real chat templates (tests/fixtures/chat_templates/real/).
+from tests.unit.tool_parsers.real_templates import real_template_cases  # noqa: E402
+
+for _dialect, _cases in real_template_cases().items():
+    TABLE[_dialect] = TABLE[_dialect] + _cases
