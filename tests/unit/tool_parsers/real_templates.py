@@ -31,6 +31,7 @@ HYPHEN = ("save-snippet", {"lang": "js", "code": 'f = () => { return {ok: "y"}; 
 # (id, assistant content, calls)
 SCENARIOS: list[tuple[str, str | None, list[tuple[str, dict[str, Any]]]]] = [
     ("one-call", None, [OSLO]),
+    ("parallel", None, [OSLO, LYON]),
     ("parallel-after-text", "Let me check both.", [OSLO, LYON]),
     ("zero-args", None, [NOARGS]),
     ("typed-values", None, [TYPED]),
@@ -50,9 +51,13 @@ class Spec:
         end: the end-of-turn marker the output stops before; None: the turn has none (the
             model's stop token is the next turn's header), the output runs to the end.
         think: a reasoning block the template writes first, as a regex removed at the start.
-        id_style: how call ids look where the template writes them (``kimi``: functions.NAME:I).
+        id_style: how call ids look where the template writes them (``kimi``: functions.NAME:I,
+            ``mistral``: 9 alphanumerics).
         args_as_string: the template concatenates the arguments, so they are passed as JSON text.
-        one_call_only: the template renders a single call and no content (Llama 3.1).
+        parallel: the template renders several calls in one turn (Llama 3.1 raises).
+        with_content: the template renders content beside calls (some drop it).
+        none_content: a call-only turn is passed with content None (DeepSeek-R1 renders any
+            string content as a second assistant turn).
         kwargs: extra template variables.
     """
 
@@ -63,7 +68,9 @@ class Spec:
     think: str | None = None
     id_style: str = "openai"
     args_as_string: bool = False
-    one_call_only: bool = False
+    parallel: bool = True
+    with_content: bool = True
+    none_content: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -81,7 +88,11 @@ SPECS: list[Spec] = [
     Spec("gemma-4.jinja", "gemma", "<|turn>model\n", "<turn|>", kwargs={"bos_token": "<bos>"}),
     Spec("qwen3-coder.jinja", "qwen3_coder_xml", "<|im_start|>assistant\n", "<|im_end|>"),
     Spec("llama-3.1.jinja", "llama3_json", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>",
-         one_call_only=True, kwargs={"bos_token": "<|begin_of_text|>", "date_string": "26 Jul 2024"}),
+         parallel=False, with_content=False, kwargs={"bos_token": "<|begin_of_text|>", "date_string": "26 Jul 2024"}),
+    Spec("deepseek-r1.jinja", "deepseek", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", args_as_string=True,
+         with_content=False, none_content=True, kwargs={"bos_token": "<｜begin▁of▁sentence｜>"}),
+    Spec("mistral-small-3.1.jinja", "mistral", "[/INST]", "</s>", id_style="mistral", with_content=False,
+         kwargs={"bos_token": "<s>", "eos_token": "</s>"}),
 ]
 
 
@@ -92,7 +103,14 @@ def _tools() -> list[dict[str, Any]]:
 
 
 def _call_id(style: str, name: str, i: int) -> str:
-    return f"functions.{name}:{i}" if style == "kimi" else f"call{i:05d}"
+    if style == "kimi":
+        return f"functions.{name}:{i}"
+    return f"a1B2c3D4{i}" if style == "mistral" else f"call{i:05d}"
+
+
+def renders(spec: Spec, content: str | None, calls: list[Any]) -> bool:
+    """Whether the template can render this scenario at all."""
+    return (spec.parallel or len(calls) == 1) and (spec.with_content or not content)
 
 
 def render_output(spec: Spec, content: str | None, calls: list[tuple[str, dict[str, Any]]]) -> str:
@@ -115,7 +133,7 @@ def render_output(spec: Spec, content: str | None, calls: list[tuple[str, dict[s
     messages = [
         {"role": "user", "content": "Use the tools."},
         # "" rather than None: several templates print a None content as the text "None"
-        {"role": "assistant", "content": content or "", "tool_calls": tool_calls},
+        {"role": "assistant", "content": content or (None if spec.none_content else ""), "tool_calls": tool_calls},
     ]
     rendered, _ = render_jinja_template(
         conversations=[messages], tools=_tools(), chat_template=template, **spec.kwargs
@@ -146,10 +164,10 @@ def real_template_cases() -> dict[str, list[Any]]:
     for spec in SPECS:
         stem = spec.file.removesuffix(".jinja")
         for sid, content, calls in SCENARIOS:
-            if spec.one_call_only and (content or len(calls) > 1):
+            if not renders(spec, content, calls):
                 continue
             text = render_output(spec, content, calls)
-            expected = [(n, a, _call_id(spec.id_style, n, i)) if spec.id_style == "kimi" else (n, a)
+            expected = [(n, a, _call_id(spec.id_style, n, i)) if spec.id_style != "openai" else (n, a)
                         for i, (n, a) in enumerate(calls)]
             out.setdefault(spec.dialect, []).append(
                 Case(f"real-{stem}-{sid}", text, content, expected, _tools()))
