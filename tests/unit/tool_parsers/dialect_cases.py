@@ -284,6 +284,23 @@ MINIMAX_M3 = [
       _MB + _m3("get_weather", f"{_NS}<city>Oslo{_NS}</days>\n") + _ME),
     C("truncated", "Hi " + _MB + _m3("get_weather", _m3el("city", "Os"))[:-12], "Hi " + _MB
       + _m3("get_weather", _m3el("city", "Os"))[:-12]),
+    # The token is one sampled token per tag: outputs in the wild drop it or space it out.
+    C("token-dropped-on-block-open", "Checking.\n<tool_call>\n" + _m3("get_weather", _m3el("city", "Lyon")) + _ME,
+      "Checking.", LYON),
+    C("token-dropped-on-value-closes", _MB + f'{_NS}<invoke name="get_weather">{_NS}<city>Oslo</city>{_NS}<days>3</days>'
+      f"{_NS}</invoke>\n" + _ME, None, OSLO),
+    C("token-dropped-on-invoke-and-block-close", _MB + f'{_NS}<invoke name="get_weather">{_NS}<city>Lyon{_NS}</city>'
+      "</invoke>\n</tool_call>", None, LYON),
+    C("whitespace-after-token", _MB + f'{_NS}\n<invoke name="get_weather">{_NS} <city>Lyon{_NS}\n</city>{_NS}\n</invoke>'
+      f"{_NS}\n</tool_call>", None, LYON),
+    C("token-dropped-on-nested-closes", _MB + _m3("configure", f"{_NS}<tags>{_NS}<item>a</item>{_NS}<item>b</item>"
+      f"{_NS}</tags>\n") + _ME, None, ("configure", {"tags": ["a", "b"]})),
+    C("bare-close-in-value-with-real-close", _MB + _m3("write_file", _m3el("content", "x </content> y")) + _ME, None,
+      ("write_file", {"content": "x </content> y"})),
+    C("bare-block-without-token-is-text", '<tool_call>\n<invoke name="get_weather"><city>Oslo</city></invoke>\n'
+      "</tool_call>", '<tool_call>\n<invoke name="get_weather"><city>Oslo</city></invoke>\n</tool_call>'),
+    C("hermes-json-is-text", '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>',
+      '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'),
 ]
 
 _TS, _TE = "<|tool_call_start|>", "<|tool_call_end|>"

@@ -24,7 +24,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates" /
 OSLO = ("get_weather", {"city": "Oslo", "days": 3})
 LYON = ("get_weather", {"city": "Lyon"})
 NOARGS = ("list_files", {})
-TYPED = ("configure", {"enabled": True, "ratio": 0.5, "tags": ["a", "b"], "opts": {"k": 1, "deep": {"x": "y"}}})
+TYPED = ("configure", {"enabled": True, "ratio": 0.5, "tags": ["a", "b"], "opts": {"mode": "fast", "deep": {"x": "y"}}})
 UNICODE = ("write_file", {"path": "007.md", "content": 'Zürich ☃ 東京 🌧\n  <b>x</b> "q" {y}\n'})
 HYPHEN = ("save-snippet", {"lang": "js", "code": 'f = () => { return {ok: "y"}; };'})
 
@@ -155,6 +155,32 @@ def template_text(spec: Spec) -> str:
     return (FIXTURES / spec.file).read_text(encoding="utf-8")
 
 
+# MiniMax-M3: its chat_template.jinja was not found in any public source here (see the README).
+# Its tool-call rendering is known from two independent re-implementations that say they mirror
+# it (ModelScope swift's MinimaxM3AgentTemplate and a Tinker M3 renderer), which agree: every
+# tag gets the ]<]minimax[>[ token, the ``to_xml`` macro writes an object as child elements, a
+# list as <item> children, a bool as true/false, any other scalar as its text, drops None, and
+# adds no whitespace inside an <invoke>; content comes first, with nothing between it and the
+# block. Until the file itself is found, this function stands in for rendering it.
+M3_NS = "]<]minimax[>["
+
+
+def _m3_xml(value: Any) -> str:
+    if isinstance(value, dict):
+        return "".join(f"{M3_NS}<{k}>{_m3_xml(v)}{M3_NS}</{k}>" for k, v in value.items() if v is not None)
+    if isinstance(value, list):
+        return "".join(f"{M3_NS}<item>{_m3_xml(v)}{M3_NS}</item>" for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def minimax_m3_output(content: str | None, calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """The text MiniMax-M3 is trained to write for ``calls`` (see the note above)."""
+    invokes = "".join(f'{M3_NS}<invoke name="{n}">{_m3_xml(a)}{M3_NS}</invoke>\n' for n, a in calls)
+    return (content or "") + f"{M3_NS}<tool_call>\n{invokes}{M3_NS}</tool_call>"
+
+
 @cache
 def real_template_cases() -> dict[str, list[Any]]:
     """The renders as shared-suite cases, by dialect (ids ``real-<template>-<scenario>``)."""
@@ -171,4 +197,7 @@ def real_template_cases() -> dict[str, list[Any]]:
                         for i, (n, a) in enumerate(calls)]
             out.setdefault(spec.dialect, []).append(
                 Case(f"real-{stem}-{sid}", text, content, expected, _tools()))
+    for sid, content, calls in SCENARIOS:
+        out.setdefault("minimax_m3", []).append(
+            Case(f"real-minimax-m3-{sid}", minimax_m3_output(content, calls), content, list(calls), _tools()))
     return out
