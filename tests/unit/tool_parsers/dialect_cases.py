@@ -505,6 +505,17 @@ HARMONY = [
     C("truncated", _hcall("get_weather", '{"city": "Ly', end=""),
       '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Ly'),
     C("marker-words-in-prose", "Use <|channel|> tokens, like <|start|> here", "Use <|channel|> tokens, like <|start|> here"),
+    # gpt-oss's chat template: "<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>",
+    # and its generation prompt ends "<|start|>assistant", so a reply that calls at once starts with " to=".
+    C("template-call-right-after-prompt", ' to=functions.get_weather<|channel|>commentary json<|message|>'
+      '{"city": "Oslo", "days": 3}<|call|>', None, OSLO),
+    C("template-call-call-token-not-fed", ' to=functions.list_files<|channel|>commentary json<|message|>{}', None, NOARGS),
+    C("template-call-after-analysis", _HA + '<|start|>assistant to=functions.get_weather<|channel|>commentary json'
+      '<|message|>{"city": "Lyon"}<|call|>', None, LYON),
+    C("code-instead-of-constrain", '<|channel|>commentary to=functions.get_weather code<|message|>{"city": "Lyon"}<|call|>',
+      None, LYON),
+    C("to-later-in-prose", "Send it to= the team", "Send it to= the team"),
+    C("to-at-start-not-a-header", "to=be or not to be", "to=be or not to be"),
 ]
 
 TABLE: dict[str, list[Case]] = {
