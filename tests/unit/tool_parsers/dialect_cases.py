@@ -518,6 +518,33 @@ HARMONY = [
     C("to-at-start-not-a-header", "to=be or not to be", "to=be or not to be"),
 ]
 
+_T = "｜DSML｜"
+
+
+def _dsml(name: str, *params: tuple[str, str, str]) -> str:
+    body = "".join(f'<{_T}parameter name="{k}" string="{st}">{v}</{_T}parameter>\n' for k, st, v in params)
+    return f'<{_T}invoke name="{name}">\n{body}</{_T}invoke>\n'
+
+
+_DSB, _DSE = f"<{_T}function_calls>\n", f"</{_T}function_calls>"
+DSML = [
+    C("single", _DSB + _dsml("get_weather", ("city", "true", "Oslo"), ("days", "false", "3")) + _DSE, None, OSLO),
+    C("close-tag-in-value", _DSB + _dsml("write_file", ("content", "true", f"a </{_T}parameter> b")) + _DSE, None,
+      ("write_file", {"content": f"a </{_T}parameter> b"})),
+    C("string-true-keeps-json-text", _DSB + _dsml("write_file", ("path", "true", "42"), ("content", "true", '{"k": 1}'))
+      + _DSE, None, ("write_file", {"path": "42", "content": '{"k": 1}'})),
+    C("no-string-attribute", _DSB + f'<{_T}invoke name="get_weather">\n<{_T}parameter name="city">Lyon</{_T}parameter>\n'
+      f"</{_T}invoke>\n" + _DSE, None, LYON),
+    C("bad-json-stays-text", _DSB + _dsml("search", ("regex", "false", "^v\\d+")) + _DSE, None, ("search", {"regex": "^v\\d+"})),
+    C("text-after", _DSB + _dsml("get_weather", ("city", "true", "Lyon")) + _DSE + "\nDone.", "Done.", LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("malformed", _DSB + f'<{_T}invoke name="get weather">\n</{_T}invoke>\n' + _DSE,
+      _DSB + f'<{_T}invoke name="get weather">\n</{_T}invoke>\n' + _DSE),
+    C("truncated", _DSB + _dsml("get_weather", ("city", "true", "Ly"))[:-20],
+      _DSB + _dsml("get_weather", ("city", "true", "Ly"))[:-20]),
+]
+
 TABLE: dict[str, list[Case]] = {
     "hermes": HERMES,
     "qwen3_coder_xml": QWEN3_CODER_XML,
@@ -535,6 +562,7 @@ TABLE: dict[str, list[Case]] = {
     "minicpm5": MINICPM5,
     "muse_spark": MUSE_SPARK,
     "harmony": HARMONY,
+    "dsml": DSML,
 }
 
 # Outputs rendered from the real chat templates (tests/fixtures/chat_templates/real/).

@@ -181,6 +181,20 @@ def minimax_m3_output(content: str | None, calls: list[tuple[str, dict[str, Any]
     return (content or "") + f"{M3_NS}<tool_call>\n{invokes}{M3_NS}</tool_call>"
 
 
+def dsml_output(content: str | None, calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """DeepSeek-V3.2's output for ``calls``, from DeepSeek's own encoder (V3.2 ships Python, not
+    Jinja; mlx-lm carries it as ``mlx_lm.chat_templates.deepseek_v32``)."""
+    from mlx_lm.chat_templates import deepseek_v32
+
+    tool_calls = [{"type": "function", "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False)}}
+                  for n, a in calls]
+    messages = [{"role": "user", "content": "Use the tools."},
+                {"role": "assistant", "content": content or "", "tool_calls": tool_calls}]
+    text = deepseek_v32.apply_chat_template(messages, enable_thinking=False)
+    out = text[text.rfind("<｜Assistant｜>") + len("<｜Assistant｜>") :].removeprefix("</think>")
+    return out.removesuffix("<｜end▁of▁sentence｜>")
+
+
 @cache
 def real_template_cases() -> dict[str, list[Any]]:
     """The renders as shared-suite cases, by dialect (ids ``real-<template>-<scenario>``)."""
@@ -200,4 +214,6 @@ def real_template_cases() -> dict[str, list[Any]]:
     for sid, content, calls in SCENARIOS:
         out.setdefault("minimax_m3", []).append(
             Case(f"real-minimax-m3-{sid}", minimax_m3_output(content, calls), content, list(calls), _tools()))
+        out.setdefault("dsml", []).append(
+            Case(f"real-deepseek-v3.2-{sid}", dsml_output(content, calls), content, list(calls), _tools()))
     return out
