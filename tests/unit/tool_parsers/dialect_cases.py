@@ -330,6 +330,13 @@ PYTHONIC = [
     C("malformed", _TS + "[get_weather(city=Oslo Lyon)]" + _TE, _TS + "[get_weather(city=Oslo Lyon)]" + _TE),
     C("truncated", _TS + '[get_weather(city="Os', _TS + '[get_weather(city="Os'),
     C("bare-truncated", '[get_weather(city="Oslo"', '[get_weather(city="Oslo"'),
+    # LFM2.5's template writes strings between quotes unescaped and names verbatim
+    C("lfm2-raw-newline-in-string", _TS + "[write_file(path='a.py', content='def f():\n    return 1\n')]" + _TE, None,
+      ("write_file", {"path": "a.py", "content": "def f():\n    return 1\n"})),
+    C("lfm2-hyphenated-name", _TS + "[save-snippet(lang='js', code='x-y(1)')]" + _TE, None,
+      ("save-snippet", {"lang": "js", "code": "x-y(1)"})),
+    C("lfm2-python-reprs", _TS + "[configure(enabled=True, ratio=0.5, tags=['a', 'b'], opts={\"k\": 1, \"z\": null})]" + _TE,
+      None, CONF),
 ]
 
 _K3B, _K3E = "<|open|>tools<|sep|>", "<|close|>tools<|sep|>"

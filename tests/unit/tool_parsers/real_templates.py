@@ -86,6 +86,7 @@ SPECS: list[Spec] = [
     Spec("kimi-k3.jinja", "kimi_k3", '<|open|>message role="assistant"<|sep|>', "<|end_of_msg|>",
          think=r"<\|open\|>think<\|sep\|>.*?<\|close\|>think<\|sep\|>"),
     Spec("gemma-4.jinja", "gemma", "<|turn>model\n", "<turn|>", kwargs={"bos_token": "<bos>"}),
+    Spec("lfm2.5.jinja", "pythonic", "<|im_start|>assistant\n", "<|im_end|>", kwargs={"bos_token": "<|startoftext|>"}),
     Spec("qwen3.jinja", "hermes", "<|im_start|>assistant\n", "<|im_end|>", think=r"<think>\n.*?\n</think>\n\n"),
     Spec("qwen3-coder.jinja", "qwen3_coder_xml", "<|im_start|>assistant\n", "<|im_end|>"),
     Spec("llama-3.1.jinja", "llama3_json", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>",
