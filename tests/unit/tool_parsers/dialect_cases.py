@@ -471,6 +471,9 @@ GEMMA += [
     C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
       '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
     C("gemma4-truncated", '<|tool_call>call:get_weather{city:<|"|>Ly', '<|tool_call>call:get_weather{city:<|"|>Ly'),
+    # Gemma 4's template: keys sorted, nested keys bare, a null printed as Jinja prints None
+    C("gemma4-template-null", _G4.format("configure", 'opts:{k:<|"|>v<|"|>,z:None},tags:[None,1]'), None,
+      ("configure", {"opts": {"k": "v", "z": None}, "tags": [None, 1]})),
 ]
 
 

@@ -37,6 +37,8 @@ SCENARIOS: list[tuple[str, str | None, list[tuple[str, dict[str, Any]]]]] = [
     ("typed-values", None, [TYPED]),
     ("unicode-multiline-string", None, [UNICODE]),
     ("hyphenated-name", None, [HYPHEN]),
+    # MiniMax-M3's to_xml drops a None, so this one is not rendered for it
+    ("null-values", None, [("configure", {"opts": {"k": "v", "z": None}, "tags": [None, 1]})]),
 ]
 
 
@@ -214,8 +216,9 @@ def real_template_cases() -> dict[str, list[Any]]:
             out.setdefault(spec.dialect, []).append(
                 Case(f"real-{stem}-{sid}", text, content, expected, _tools()))
     for sid, content, calls in SCENARIOS:
-        out.setdefault("minimax_m3", []).append(
-            Case(f"real-minimax-m3-{sid}", minimax_m3_output(content, calls), content, list(calls), _tools()))
+        if sid != "null-values":
+            out.setdefault("minimax_m3", []).append(
+                Case(f"real-minimax-m3-{sid}", minimax_m3_output(content, calls), content, list(calls), _tools()))
         out.setdefault("dsml", []).append(
             Case(f"real-deepseek-v3.2-{sid}", dsml_output(content, calls), content, list(calls), _tools()))
     return out
