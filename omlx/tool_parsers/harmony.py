@@ -8,16 +8,16 @@ A message is ``[<|start|>ROLE] <|channel|>CHANNEL [to=RECIPIENT] [<|constrain|>j
 <|message|>BODY`` ended by ``<|call|>``, ``<|end|>`` or ``<|return|>``; the recipient may also sit
 before ``<|channel|>`` (``<|start|>assistant to=functions.f<|channel|>commentary json<|message|>``).
 gpt-oss's chat template renders a call exactly that second way and its generation prompt ends
-with ``<|start|>assistant``, so a reply that calls a tool at once begins with the recipient:
-`` to=functions.f<|channel|>commentary json<|message|>{...}<|call|>``; at the start of the
-output that is read as a header too. A message to ``functions.NAME`` (or any other recipient, e.g. ``browser.search``) whose body is
-a JSON object is a tool call named NAME (the recipient without ``functions.``). ``<|call|>`` and
-``<|return|>`` are stop tokens that the engine may not pass on, so a complete JSON body at the
-end of the output is a call too. Headers of other messages (``final``, a ``commentary``
-preamble) and the end tokens are dropped and their bodies are content. An ``analysis`` message
-is reasoning, never content: it is dropped here, and ``THINK_MARKERS`` are the reasoning
-markers a caller's think splitter can take out of the text before it reaches this parser (as
-``<think>``/``</think>`` for other families).
+with ``<|start|>assistant``, so a reply that calls a tool at once begins with the recipient,
+a space first (``" to=functions.f<|channel|>commentary json<|message|>{...}<|call|>"``); at the
+start of the output that is read as a header too. A message to ``functions.NAME`` (or any other recipient, e.g.
+``browser.search``) whose body is a JSON object is a tool call named NAME (the recipient without
+``functions.``). ``<|call|>`` and ``<|return|>`` are stop tokens that the engine may not pass
+on, so a complete JSON body at the end of the output is a call too. Headers of other messages
+(``final``, a ``commentary`` preamble) and the end tokens are dropped and their bodies are
+content. An ``analysis`` message is reasoning, never content: it is dropped here, and
+``THINK_MARKERS`` are the reasoning markers a caller's think splitter can take out of the text
+before it reaches this parser (as ``<think>``/``</think>`` for other families).
 
 Own code: mlx-lm 0.32.2 has no Harmony parser and the ``openai-harmony`` package parses tokens,
 not the streamed text that omlx's parsers see. Markers from the Harmony format spec

@@ -130,7 +130,10 @@ def render_output(spec: Spec, content: str | None, calls: list[tuple[str, dict[s
         {
             "id": _call_id(spec.id_style, name, i),
             "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False) if spec.args_as_string else args},
+            "function": {
+                "name": name,
+                "arguments": json.dumps(args, ensure_ascii=False) if spec.args_as_string else args,
+            },
         }
         for i, (name, args) in enumerate(calls)
     ]
