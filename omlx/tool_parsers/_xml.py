@@ -99,6 +99,9 @@ class XmlGrammar:
     func_close: str  # "</function>"
     param_open: str  # "<parameter="
     param_close: str  # "</parameter>"
+    # The template writes a value on a line of its own (Qwen3-Coder: "<parameter=k>\nv\n</parameter>"),
+    # so one newline each side is markup; False where it writes the value verbatim (MiniMax-M2).
+    value_on_own_line: bool = True
 
 
 @dataclass(slots=True)
@@ -115,7 +118,8 @@ def scan_block(buf: str, g: XmlGrammar, memo: dict[Any, Any]) -> ScanResult:
     """Scans ``block_open (func_open NAME> (param_open NAME>value param_close)* func_close)+
     block_close`` with whitespace allowed between tags.
 
-    A value drops one leading and one trailing newline. ``block_close`` counts only after a
+    A value drops one leading and one trailing newline where the grammar puts values on their
+    own line (``value_on_own_line``), else it is kept verbatim. ``block_close`` counts only after a
     ``func_close``, so it may appear inside a value.
     """
     p = memo.get("xml")
@@ -153,7 +157,8 @@ def scan_block(buf: str, g: XmlGrammar, memo: dict[Any, Any]) -> ScanResult:
             close = find_close(buf, vstart, g.param_close, followers, memo)
             if isinstance(close, Scan):
                 return close
-            p.args[key] = strip_one_newline(buf[vstart:close])
+            value = buf[vstart:close]
+            p.args[key] = strip_one_newline(value) if g.value_on_own_line else value
             p.i = close + len(g.param_close)
         elif buf.startswith(g.func_close, i):
             p.calls.append(RawCall(p.name, p.args))

@@ -23,6 +23,8 @@ _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kimi_k2", ("<|tool_calls_section_begin|>",)),
     ("kimi_k3", ("<|open|>tools<|sep|>",)),
     ("kimi_k3", ("<|open|>", "<|sep|>", "call tool=")),
+    ("kimi_k3", ("<|open|>", "<|close|>", "<|sep|>")),  # the real template builds its tags in macros
+    ("dsml", ("｜DSML｜",)),  # DeepSeek-V3.2: before deepseek (its vocabulary keeps V3's tokens)
     ("deepseek", (_DEEPSEEK,)),
     ("qwen3_coder_xml", ("<tool_call>", "<function=")),
     ("mistral", ("[TOOL_CALLS]",)),

@@ -4,7 +4,8 @@
     <|tool_call>call:NAME{k:<|"|>text<|"|>,o:{a:[1,2]}}<tool_call|>
 
 Keys are bare, strings sit between the quote token (``<escape>`` or ``<|"|>``) and may hold
-braces, commas and quotes; other values are JSON literals. Several calls are several blocks.
+braces, commas and quotes; other values are JSON literals (and ``None``, as Gemma 4's template
+writes a null). Several calls are several blocks.
 
 Own code rather than mlx-lm: ``function_gemma`` stops at the first ``}`` and splits on the first
 ``,`` even inside ``<escape>`` strings, and reads only one call (case
@@ -40,7 +41,8 @@ FORMATS = {
     "<start_function_call>": ("<end_function_call>", "<escape>"),
     "<|tool_call>": ("<tool_call|>", '<|"|>'),
 }
-_LITERALS = {"true": True, "false": False, "null": None}
+# "None": Gemma 4's chat template prints a null argument with Jinja's plain {{ value }}
+_LITERALS = {"true": True, "false": False, "null": None, "None": None}
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 

@@ -7,14 +7,17 @@
 A message is ``[<|start|>ROLE] <|channel|>CHANNEL [to=RECIPIENT] [<|constrain|>json | json]
 <|message|>BODY`` ended by ``<|call|>``, ``<|end|>`` or ``<|return|>``; the recipient may also sit
 before ``<|channel|>`` (``<|start|>assistant to=functions.f<|channel|>commentary json<|message|>``).
-A message to ``functions.NAME`` (or any other recipient, e.g. ``browser.search``) whose body is
-a JSON object is a tool call named NAME (the recipient without ``functions.``). ``<|call|>`` and
-``<|return|>`` are stop tokens that the engine may not pass on, so a complete JSON body at the
-end of the output is a call too. Headers of other messages (``final``, a ``commentary``
-preamble) and the end tokens are dropped and their bodies are content. An ``analysis`` message
-is reasoning, never content: it is dropped here, and ``THINK_MARKERS`` are the reasoning
-markers a caller's think splitter can take out of the text before it reaches this parser (as
-``<think>``/``</think>`` for other families).
+gpt-oss's chat template renders a call exactly that second way and its generation prompt ends
+with ``<|start|>assistant``, so a reply that calls a tool at once begins with the recipient,
+a space first (``" to=functions.f<|channel|>commentary json<|message|>{...}<|call|>"``); at the
+start of the output that is read as a header too. A message to ``functions.NAME`` (or any other recipient, e.g.
+``browser.search``) whose body is a JSON object is a tool call named NAME (the recipient without
+``functions.``). ``<|call|>`` and ``<|return|>`` are stop tokens that the engine may not pass
+on, so a complete JSON body at the end of the output is a call too. Headers of other messages
+(``final``, a ``commentary`` preamble) and the end tokens are dropped and their bodies are
+content. An ``analysis`` message is reasoning, never content: it is dropped here, and
+``THINK_MARKERS`` are the reasoning markers a caller's think splitter can take out of the text
+before it reaches this parser (as ``<think>``/``</think>`` for other families).
 
 Own code: mlx-lm 0.32.2 has no Harmony parser and the ``openai-harmony`` package parses tokens,
 not the streamed text that omlx's parsers see. Markers from the Harmony format spec
@@ -44,6 +47,8 @@ from omlx.tool_parsers.base import (
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 ENDS = ("<|call|>", "<|end|>", "<|return|>")
 THINK_MARKERS = (CHANNEL + "analysis" + MESSAGE, "<|end|>")
+# A header's recipient written first, right after the generation prompt's "<|start|>assistant".
+_LEAD_RECIPIENTS = (" to=", "to=")
 _RECIPIENT = re.compile(r"(?:^|\s)to=(\S+)")
 _HEADER_TEXT = re.compile(r"[\w .=:/@<>|-]*")
 
@@ -85,6 +90,19 @@ class Harmony(Dialect):
     start_markers = (START, CHANNEL, *ENDS)
     drops_markup = True
     think_markers = THINK_MARKERS
+
+    def find_start(self, text: str, at_message_start: bool) -> tuple[int, int] | None:
+        if at_message_start:
+            for lead in _LEAD_RECIPIENTS:
+                if text.startswith(lead):
+                    return (0, len(lead))
+        return super().find_start(text, at_message_start)
+
+    def hold_len(self, text: str, at_message_start: bool) -> int:
+        held = super().hold_len(text, at_message_start)
+        if at_message_start and any(lead.startswith(text) for lead in _LEAD_RECIPIENTS):
+            return max(held, len(text))
+        return held
 
     def scan(self, buf: str, ctx: ScanContext) -> ScanResult:
         for end in ENDS:

@@ -12,6 +12,14 @@ is read as JSON, falling back to the text), or one raw JSON object block:
 ``<|open|>json type="object"<|sep|>{"city": "Tokyo"}<|close|>json<|sep|>``. Attribute values
 unescape ``&quot;`` and ``&amp;``. Several calls in one section are parallel calls.
 
+The real template (Kimi-K3's chat_template.jinja) writes an assistant turn as channels:
+``<|open|>think<|sep|>…<|close|>think<|sep|>`` (the reasoning markers), then
+``<|open|>response<|sep|>CONTENT<|close|>response<|sep|>``, then the tools section, then
+``<|close|>message<|sep|>``; the generation prompt opens ``think`` (or ``response``). So the
+response channel's tags and the message close are markup this dialect drops
+(``drops_markup``): they never reach the content. The template writes every tag flush (no
+newlines) and types an integer ``number``.
+
 Own code, with mlx-lm's markers and value rules (``mlx_lm.tool_parsers.kimi_k3``). Departures:
 mlx-lm silently skips a call it cannot read (a missing name, bad JSON) and keeps the others;
 here the whole section then stays text, so nothing is dropped without a trace. JSON is read
@@ -44,6 +52,9 @@ from omlx.tool_parsers.base import (
 OPEN, CLOSE, SEP = "<|open|>", "<|close|>", "<|sep|>"
 START = OPEN + "tools" + SEP
 END = CLOSE + "tools" + SEP
+THINK_MARKERS = (OPEN + "think" + SEP, CLOSE + "think" + SEP)
+# Channel and message tags around the content: removed, not content.
+MARKUP = (OPEN + "response" + SEP, CLOSE + "response" + SEP, CLOSE + "message" + SEP, "<|end_of_msg|>")
 _ATTR = re.compile(r'(\w+)="([^"]*)"')
 _ATTRS = re.compile(r'(?:\s+\w+="[^"]*")*\s*')
 
@@ -136,9 +147,14 @@ def _scan(buf: str, memo: dict[Any, Any]) -> ScanResult:
 
 class KimiK3(Dialect):
     name = "kimi_k3"
-    start_markers = (START,)
+    start_markers = (START, *MARKUP)
+    drops_markup = True
+    think_markers = THINK_MARKERS
 
     def scan(self, buf: str, ctx: ScanContext) -> ScanResult:
+        for tag in MARKUP:
+            if buf.startswith(tag):
+                return Match(len(tag), [])
         return _scan(buf, ctx.memo)
 
 

@@ -9,7 +9,8 @@
 Own code rather than ``mlx_lm.tool_parsers.minimax_m2``, whose non-greedy regex cuts a value at
 the first literal ``</parameter>`` (the Qwen XML bug, see test_mlx_lm_upstream.py). The shared
 XML scanner closes a value only before ``<parameter name=`` or ``</invoke>``; several
-``<invoke>`` in one block are parallel calls.
+``<invoke>`` in one block are parallel calls. A value is kept verbatim, newlines included:
+the template (MiniMax-M2's chat_template.jinja) writes it between the tags with nothing added.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ GRAMMAR = XmlGrammar(
     func_close="</invoke>",
     param_open="<parameter name=",
     param_close="</parameter>",
+    value_on_own_line=False,  # the M2 template writes <parameter name="k">{{ v }}</parameter>
 )
 
 

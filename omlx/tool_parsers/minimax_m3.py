@@ -17,6 +17,15 @@ is accepted for an element. A leaf stays text unless the tool's schema types it 
 coercion, applied at every depth here); an empty element is ``[]``/``{}`` where the schema says
 array/object. An unclosed element or block is text (``NEED_MORE`` until the end).
 
+The template writes the token before every tag, but it is one token per tag, sampled like any
+other: outputs in the wild drop it now and then (a bare ``<tool_call>`` opener, a value closed
+by a bare ``</city>``, a bare ``</invoke>``) or put whitespace between it and its tag (which
+SGLang's M3 parser normalizes away). So where a tag is expected the token is optional and may be
+followed by whitespace; a bare ``<tool_call>`` opens a block only when an ``<invoke`` with the
+token follows it; a value ends at the next token, and if that token does not start the value's
+own close tag, a bare close tag at the end of the value text closes it. A value holding its own
+close tag as text is still read whole when the real (tokened) close follows.
+
 M2's ``<minimax:tool_call>`` with ``<parameter name=...>`` is ``minimax.py``; mlx-lm 0.32.2 has
 no M3 parser (its ``minimax_m2`` does not know this markup, so M3 calls came back as text).
 Markup as reported by mlx-lm PR #1416, llama.cpp PR #24523 and the SGLang/Dynamo M3 parsers.
@@ -28,7 +37,7 @@ import re
 from typing import Any
 
 from omlx.tool_parsers._schema import _schema_types, coerce_value, tool_properties
-from omlx.tool_parsers._xml import read_until, strip_one_newline
+from omlx.tool_parsers._xml import read_until
 from omlx.tool_parsers.base import (
     FAIL,
     NEED_MORE,
@@ -41,14 +50,16 @@ from omlx.tool_parsers.base import (
     expect,
     find_from,
     is_name,
+    is_partial,
     skip_ws,
 )
 
 NS = "]<]minimax[>["
 START = NS + "<tool_call>"
-END = NS + "</tool_call>"
-INVOKE = NS + "<invoke"
-INVOKE_END = NS + "</invoke>"
+BARE_START = "<tool_call>"  # the token dropped: a block only if NS<invoke follows
+END = "</tool_call>"  # tags below are matched by _tag: after NS (and whitespace), or bare
+INVOKE = "<invoke"
+INVOKE_END = "</invoke>"
 THINK_MARKERS = ("<mm:think>", "</mm:think>")
 _NAME_ATTR = re.compile(r"""^\s*name\s*=\s*(?:"([^"]*)"|'([^']*)')\s*$""")
 _KEY_BANNED = frozenset(" \t\r\n<>/\"'=")
@@ -71,7 +82,8 @@ def _sub_schema(schema: Any, key: str) -> Any:
 
 
 def _leaf(text: str, schema: Any) -> Any:
-    text = strip_one_newline(text)
+    # Verbatim: to_xml writes a scalar between the tags with nothing added, so a newline at
+    # either end is the value's own.
     types = _schema_types(schema)
     if not text.strip() and "string" not in types:
         if "array" in types:
@@ -95,6 +107,20 @@ def _fold(children: list[tuple[str, Any]]) -> dict[str, Any]:
     return {k: v[0] if len(v) == 1 else v for k, v in grouped.items()}
 
 
+def _tag(buf: str, i: int, tag: str) -> int | Scan:
+    """Matches ``tag`` at ``i`` after the namespace token and any whitespace, or bare.
+
+    Returns:
+        The index after the tag, ``NEED_MORE`` or ``FAIL`` (prefix-stable, as ``expect``).
+    """
+    if buf.startswith(NS, i):
+        j = skip_ws(buf, i + len(NS))
+        return NEED_MORE if j == len(buf) else expect(buf, j, tag)
+    if is_partial(buf, i, NS):
+        return NEED_MORE
+    return expect(buf, i, tag)
+
+
 def _element(buf: str, i: int, parent: Any, memo: dict[Any, Any], depth: int) -> tuple[str, Any, int] | Scan:
     """Reads ``NS<key>value NS</key>`` at ``i``, the value text or child elements.
 
@@ -103,7 +129,7 @@ def _element(buf: str, i: int, parent: Any, memo: dict[Any, Any], depth: int) ->
     """
     if depth > _MAX_DEPTH:
         return FAIL
-    r = expect(buf, i, NS + "<")
+    r = _tag(buf, i, "<")
     if isinstance(r, Scan):
         return r
     head = read_until(buf, r, ">", banned="<\n")
@@ -111,9 +137,9 @@ def _element(buf: str, i: int, parent: Any, memo: dict[Any, Any], depth: int) ->
         return head
     tag, v = head
     if tag.startswith("parameter") and tag[9:10].isspace():  # M2's spelling
-        key, close = _name_attr(tag[10:]), NS + "</parameter>"
+        key, close = _name_attr(tag[10:]), "</parameter>"
     else:
-        key, close = tag.strip(), NS + "</" + tag.strip() + ">"
+        key, close = tag.strip(), "</" + tag.strip() + ">"
         if any(c in _KEY_BANNED for c in key):
             return FAIL
     if not key:
@@ -122,18 +148,21 @@ def _element(buf: str, i: int, parent: Any, memo: dict[Any, Any], depth: int) ->
     j = find_from(buf, NS, v, memo)
     if j < 0:
         return NEED_MORE
-    end = expect(buf, j, close)
+    end = _tag(buf, j, close)
     if isinstance(end, int):
         return key, _leaf(buf[v:j], schema), end
     if end is NEED_MORE:
         return NEED_MORE
-    if buf[v:j].strip():
+    text = buf[v:j].rstrip()
+    if text.endswith(close):  # the token dropped before the close tag
+        return key, _leaf(text[: -len(close)], schema), j
+    if text.strip():
         return FAIL  # text beside child elements: not what to_xml writes
     children: list[tuple[str, Any]] = []
     k = j
     while True:
         k = skip_ws(buf, k)
-        end = expect(buf, k, close)
+        end = _tag(buf, k, close)
         if isinstance(end, int):
             return key, _container(children), end
         if end is NEED_MORE:
@@ -146,7 +175,7 @@ def _element(buf: str, i: int, parent: Any, memo: dict[Any, Any], depth: int) ->
 
 
 def _invoke(buf: str, i: int, ctx: ScanContext) -> tuple[RawCall, int] | Scan:
-    r = expect(buf, i, INVOKE)
+    r = _tag(buf, i, INVOKE)
     if isinstance(r, Scan):
         return r
     if r < len(buf) and not buf[r].isspace():
@@ -163,7 +192,7 @@ def _invoke(buf: str, i: int, ctx: ScanContext) -> tuple[RawCall, int] | Scan:
     k = head[1]
     while True:
         k = skip_ws(buf, k)
-        end = expect(buf, k, INVOKE_END)
+        end = _tag(buf, k, INVOKE_END)
         if isinstance(end, int):
             return RawCall(name, _fold(children)), end
         if end is NEED_MORE:
@@ -177,11 +206,18 @@ def _invoke(buf: str, i: int, ctx: ScanContext) -> tuple[RawCall, int] | Scan:
 
 def _scan(buf: str, ctx: ScanContext) -> ScanResult:
     # Complete invokes are decided for good: resume after the last one.
-    i, calls = ctx.memo.get("m3", (len(START), []))
+    if "m3" not in ctx.memo:
+        if not buf.startswith(START):  # the bare opener: the token must come back at <invoke
+            i = skip_ws(buf, len(BARE_START))
+            r = expect(buf, i, NS + INVOKE)
+            if isinstance(r, Scan):
+                return r
+        ctx.memo["m3"] = (len(START) if buf.startswith(START) else len(BARE_START), [])
+    i, calls = ctx.memo["m3"]
     while True:
         i = skip_ws(buf, i)
         if calls:
-            end = expect(buf, i, END)
+            end = _tag(buf, i, END)
             if isinstance(end, int):
                 return Match(end, list(calls))
             if end is NEED_MORE:
@@ -196,7 +232,7 @@ def _scan(buf: str, ctx: ScanContext) -> ScanResult:
 
 class MiniMaxM3(Dialect):
     name = "minimax_m3"
-    start_markers = (START,)
+    start_markers = (START, BARE_START)
     think_markers = THINK_MARKERS
 
     def scan(self, buf: str, ctx: ScanContext) -> ScanResult:

@@ -15,11 +15,18 @@ names), with these departures: the list is found by bracket matching that skips 
 ``]`` in text after the call does not move its end (mlx-lm takes ``rfind("]")``); mlx-lm's regex
 fallback for text that is not Python is dropped (it half-parses broken calls: a malformed call
 is text here); positional arguments make the call text, as in mlx-lm.
+
+LFM2.5's chat template writes a string value between single quotes with nothing escaped (a
+value's newline is a raw newline) and a function or argument name verbatim (``save-snippet(``),
+so before ``ast`` reads the list, a raw newline inside a string becomes ``\n`` and a name with a
+``-`` before ``(`` or ``=`` stands in for a placeholder (put back afterwards). Neither changes text
+that Python already reads.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 from typing import Any
 
@@ -42,6 +49,42 @@ WRAPPERS = {
     "<|python_start|>": "<|python_end|>",
 }
 _JSON_NAMES = {"true": True, "false": False, "null": None}
+_HYPHEN_NAME = re.compile(r"(?<![\w.-])([A-Za-z_][\w.]*(?:-[\w.]+)+)(?=\s*[(=])")
+_RAW_IN_STRING = {"\n": "\\n", "\r": "\\r"}
+
+
+def _pythonize(text: str) -> tuple[str, dict[str, str]]:
+    """Returns ``text`` with raw newlines in strings escaped and hyphenated names replaced,
+    and the placeholder -> name map."""
+    names: dict[str, str] = {}
+
+    def placeholder(m: re.Match[str]) -> str:
+        key = f"_omlx_name_{len(names)}"
+        names[key] = m.group(1)
+        return key
+
+    out: list[str] = []
+    i, n, quote, plain = 0, len(text), "", 0
+    while i < n:
+        c = text[i]
+        if quote:
+            if c == "\\" and i + 1 < n:
+                out.append(text[i : i + 2])
+                i += 2
+                continue
+            if c == quote:
+                quote, plain = "", i + 1
+            out.append(_RAW_IN_STRING.get(c, c))
+        elif c in "'\"":
+            out[len(out) - (i - plain) :] = [_HYPHEN_NAME.sub(placeholder, text[plain:i])]
+            quote = c
+            out.append(c)
+        else:
+            out.append(c)
+        i += 1
+    if not quote:
+        out[len(out) - (n - plain) :] = [_HYPHEN_NAME.sub(placeholder, text[plain:n])]
+    return "".join(out), names
 
 
 def find_list_end(buf: str, start: int, memo: dict[Any, Any]) -> int | Scan:
@@ -113,6 +156,7 @@ def _literal(node: ast.expr) -> Any:
 
 def parse_call_list(text: str) -> list[RawCall] | None:
     """Reads ``[f(a=1), g()]``; None if it is not a non-empty list of keyword-only calls."""
+    text, names = _pythonize(text)
     try:
         with warnings.catch_warnings():  # "\d" in a string warns (invalid escape); it means \d
             warnings.simplefilter("ignore")
@@ -133,10 +177,10 @@ def parse_call_list(text: str) -> list[RawCall] | None:
             if kw.arg is None:
                 return None
             try:
-                args[kw.arg] = _literal(kw.value)
+                args[names.get(kw.arg, kw.arg)] = _literal(kw.value)
             except (ValueError, TypeError, SyntaxError, RecursionError):
                 return None
-        calls.append(RawCall(name, args))
+        calls.append(RawCall(names.get(name, name), args))
     return calls
 
 

@@ -284,6 +284,23 @@ MINIMAX_M3 = [
       _MB + _m3("get_weather", f"{_NS}<city>Oslo{_NS}</days>\n") + _ME),
     C("truncated", "Hi " + _MB + _m3("get_weather", _m3el("city", "Os"))[:-12], "Hi " + _MB
       + _m3("get_weather", _m3el("city", "Os"))[:-12]),
+    # The token is one sampled token per tag: outputs in the wild drop it or space it out.
+    C("token-dropped-on-block-open", "Checking.\n<tool_call>\n" + _m3("get_weather", _m3el("city", "Lyon")) + _ME,
+      "Checking.", LYON),
+    C("token-dropped-on-value-closes", _MB + f'{_NS}<invoke name="get_weather">{_NS}<city>Oslo</city>{_NS}<days>3</days>'
+      f"{_NS}</invoke>\n" + _ME, None, OSLO),
+    C("token-dropped-on-invoke-and-block-close", _MB + f'{_NS}<invoke name="get_weather">{_NS}<city>Lyon{_NS}</city>'
+      "</invoke>\n</tool_call>", None, LYON),
+    C("whitespace-after-token", _MB + f'{_NS}\n<invoke name="get_weather">{_NS} <city>Lyon{_NS}\n</city>{_NS}\n</invoke>'
+      f"{_NS}\n</tool_call>", None, LYON),
+    C("token-dropped-on-nested-closes", _MB + _m3("configure", f"{_NS}<tags>{_NS}<item>a</item>{_NS}<item>b</item>"
+      f"{_NS}</tags>\n") + _ME, None, ("configure", {"tags": ["a", "b"]})),
+    C("bare-close-in-value-with-real-close", _MB + _m3("write_file", _m3el("content", "x </content> y")) + _ME, None,
+      ("write_file", {"content": "x </content> y"})),
+    C("bare-block-without-token-is-text", '<tool_call>\n<invoke name="get_weather"><city>Oslo</city></invoke>\n'
+      "</tool_call>", '<tool_call>\n<invoke name="get_weather"><city>Oslo</city></invoke>\n</tool_call>'),
+    C("hermes-json-is-text", '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>',
+      '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'),
 ]
 
 _TS, _TE = "<|tool_call_start|>", "<|tool_call_end|>"
@@ -313,6 +330,13 @@ PYTHONIC = [
     C("malformed", _TS + "[get_weather(city=Oslo Lyon)]" + _TE, _TS + "[get_weather(city=Oslo Lyon)]" + _TE),
     C("truncated", _TS + '[get_weather(city="Os', _TS + '[get_weather(city="Os'),
     C("bare-truncated", '[get_weather(city="Oslo"', '[get_weather(city="Oslo"'),
+    # LFM2.5's template writes strings between quotes unescaped and names verbatim
+    C("lfm2-raw-newline-in-string", _TS + "[write_file(path='a.py', content='def f():\n    return 1\n')]" + _TE, None,
+      ("write_file", {"path": "a.py", "content": "def f():\n    return 1\n"})),
+    C("lfm2-hyphenated-name", _TS + "[save-snippet(lang='js', code='x-y(1)')]" + _TE, None,
+      ("save-snippet", {"lang": "js", "code": "x-y(1)"})),
+    C("lfm2-python-reprs", _TS + "[configure(enabled=True, ratio=0.5, tags=['a', 'b'], opts={\"k\": 1, \"z\": null})]" + _TE,
+      None, CONF),
 ]
 
 _K3B, _K3E = "<|open|>tools<|sep|>", "<|close|>tools<|sep|>"
@@ -447,6 +471,9 @@ GEMMA += [
     C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
       '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
     C("gemma4-truncated", '<|tool_call>call:get_weather{city:<|"|>Ly', '<|tool_call>call:get_weather{city:<|"|>Ly'),
+    # Gemma 4's template: keys sorted, nested keys bare, a null printed as Jinja prints None
+    C("gemma4-template-null", _G4.format("configure", 'opts:{k:<|"|>v<|"|>,z:None},tags:[None,1]'), None,
+      ("configure", {"opts": {"k": "v", "z": None}, "tags": [None, 1]})),
 ]
 
 
@@ -488,6 +515,44 @@ HARMONY = [
     C("truncated", _hcall("get_weather", '{"city": "Ly', end=""),
       '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Ly'),
     C("marker-words-in-prose", "Use <|channel|> tokens, like <|start|> here", "Use <|channel|> tokens, like <|start|> here"),
+    # gpt-oss's chat template: "<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>",
+    # and its generation prompt ends "<|start|>assistant", so a reply that calls at once starts with " to=".
+    C("template-call-right-after-prompt", ' to=functions.get_weather<|channel|>commentary json<|message|>'
+      '{"city": "Oslo", "days": 3}<|call|>', None, OSLO),
+    C("template-call-call-token-not-fed", ' to=functions.list_files<|channel|>commentary json<|message|>{}', None, NOARGS),
+    C("template-call-after-analysis", _HA + '<|start|>assistant to=functions.get_weather<|channel|>commentary json'
+      '<|message|>{"city": "Lyon"}<|call|>', None, LYON),
+    C("code-instead-of-constrain", '<|channel|>commentary to=functions.get_weather code<|message|>{"city": "Lyon"}<|call|>',
+      None, LYON),
+    C("to-later-in-prose", "Send it to= the team", "Send it to= the team"),
+    C("to-at-start-not-a-header", "to=be or not to be", "to=be or not to be"),
+]
+
+_T = "｜DSML｜"
+
+
+def _dsml(name: str, *params: tuple[str, str, str]) -> str:
+    body = "".join(f'<{_T}parameter name="{k}" string="{st}">{v}</{_T}parameter>\n' for k, st, v in params)
+    return f'<{_T}invoke name="{name}">\n{body}</{_T}invoke>\n'
+
+
+_DSB, _DSE = f"<{_T}function_calls>\n", f"</{_T}function_calls>"
+DSML = [
+    C("single", _DSB + _dsml("get_weather", ("city", "true", "Oslo"), ("days", "false", "3")) + _DSE, None, OSLO),
+    C("close-tag-in-value", _DSB + _dsml("write_file", ("content", "true", f"a </{_T}parameter> b")) + _DSE, None,
+      ("write_file", {"content": f"a </{_T}parameter> b"})),
+    C("string-true-keeps-json-text", _DSB + _dsml("write_file", ("path", "true", "42"), ("content", "true", '{"k": 1}'))
+      + _DSE, None, ("write_file", {"path": "42", "content": '{"k": 1}'})),
+    C("no-string-attribute", _DSB + f'<{_T}invoke name="get_weather">\n<{_T}parameter name="city">Lyon</{_T}parameter>\n'
+      f"</{_T}invoke>\n" + _DSE, None, LYON),
+    C("bad-json-stays-text", _DSB + _dsml("search", ("regex", "false", "^v\\d+")) + _DSE, None, ("search", {"regex": "^v\\d+"})),
+    C("text-after", _DSB + _dsml("get_weather", ("city", "true", "Lyon")) + _DSE + "\nDone.", "Done.", LYON),
+    C("json-answer-not-a-call", '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+      '{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    C("malformed", _DSB + f'<{_T}invoke name="get weather">\n</{_T}invoke>\n' + _DSE,
+      _DSB + f'<{_T}invoke name="get weather">\n</{_T}invoke>\n' + _DSE),
+    C("truncated", _DSB + _dsml("get_weather", ("city", "true", "Ly"))[:-20],
+      _DSB + _dsml("get_weather", ("city", "true", "Ly"))[:-20]),
 ]
 
 TABLE: dict[str, list[Case]] = {
@@ -507,4 +572,11 @@ TABLE: dict[str, list[Case]] = {
     "minicpm5": MINICPM5,
     "muse_spark": MUSE_SPARK,
     "harmony": HARMONY,
+    "dsml": DSML,
 }
+
+# Outputs rendered from the real chat templates (tests/fixtures/chat_templates/real/).
+from tests.unit.tool_parsers.real_templates import real_template_cases  # noqa: E402
+
+for _dialect, _cases in real_template_cases().items():
+    TABLE[_dialect] = TABLE[_dialect] + _cases

@@ -32,7 +32,8 @@ def test_every_registered_dialect_has_table_cases() -> None:
 @pytest.mark.parametrize(
     ("alias", "name"),
     [("qwen3_coder", "qwen3_coder_xml"), ("json_tools", "hermes"), ("glm47", "glm"), ("laguna", "glm"),
-     ("function_gemma", "gemma"), ("gemma4", "gemma"), ("minimax_m2", "minimax"), ("MISTRAL", "mistral")],
+     ("function_gemma", "gemma"), ("gemma4", "gemma"), ("minimax_m2", "minimax"), ("MISTRAL", "mistral"),
+     ("deepseek_v32", "dsml")],
 )
 def test_mlx_lm_names_are_aliases(alias: str, name: str) -> None:
     assert get_dialect(alias).name == name
@@ -83,6 +84,8 @@ HERMES_TEMPLATE = '{%- if tools %}<tool_call>\n{"name": <function-name>, "argume
         ("tools <|tool_calls_section_begin|>", None, "kimi_k2"),
         ("tools <longcat_tool_call>", None, "longcat"),
         ("tools <｜tool▁calls▁begin｜>", None, "deepseek"),
+        # DeepSeek-V3.2 (llama.cpp's DeepSeek-V3.2.jinja): its vocabulary keeps V3's tokens
+        ('{%- set dsml_token = "｜DSML｜" -%} tools <{{ dsml_token }}function_calls>', {"<｜tool▁calls▁begin｜>"}, "dsml"),
         ("{%- if tools %}<|tool_call_start|>[{{ name }}(...)]<|tool_call_end|>", None, "pythonic"),
         ("<|start_header_id|>system tools: [func_name1(params_name1=params_value1, params_name2=...), "
          "func_name2(params)]", None, "pythonic"),
@@ -230,6 +233,8 @@ def _long_call(dialect: str, size: int) -> str:
         "muse_spark": f'<atem:function_calls><atem:invoke name="write_file"><atem:parameter name="content">{code}</atem:parameter></atem:invoke></atem:function_calls>',
         "harmony": f"<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>{args}<|call|>",
         "deepseek": f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        "dsml": f'<｜DSML｜function_calls><｜DSML｜invoke name="write_file"><｜DSML｜parameter name="content" string="true">'
+        f"{code}</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>",
     }[dialect]
 
 
