@@ -175,11 +175,15 @@ def tool_dialect_of(path: Path) -> str | None:
     from omlx.tool_parsers import detect_dialect
 
     template: Any = None
+    template_type: Any = None
     try:
+        config = (json.loads((path / "tokenizer_config.json").read_text())
+                  if (path / "tokenizer_config.json").is_file() else {})
+        template_type = config.get("chat_template_type")
         if (path / "chat_template.jinja").is_file():
             template = (path / "chat_template.jinja").read_text()
-        elif (path / "tokenizer_config.json").is_file():
-            template = json.loads((path / "tokenizer_config.json").read_text()).get("chat_template")
+        else:
+            template = config.get("chat_template")
             if isinstance(template, list):  # named templates: [{"name", "template"}, ...]
                 named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
                 template = named.get("tool_use") or named.get("default")
@@ -192,7 +196,8 @@ def tool_dialect_of(path: Path) -> str | None:
     except (OSError, ValueError, TypeError, AttributeError) as e:
         logger.debug("cannot read the tokenizer files of %s: %s", path, e)
         return None
-    return detect_dialect(template if isinstance(template, str) else None, vocab or None)
+    return detect_dialect(template if isinstance(template, str) else None, vocab or None,
+                          template_type if isinstance(template_type, str) else None)
 
 
 def prefix_cache_of(path: Path, kv_bits: int | None = None, kv_group_size: int = 64) -> tuple[str, bool | None]:

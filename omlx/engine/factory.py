@@ -263,7 +263,9 @@ def model_formats(loaded: LoadedModel, config: ServerConfig) -> tuple[str | None
             vocab = tok.get_vocab()
         except Exception:
             vocab = None
-        dialect = detect_dialect(template if isinstance(template, str) else None, vocab)
+        kwargs = getattr(getattr(tok, "_tokenizer", tok), "init_kwargs", None)
+        template_type = kwargs.get("chat_template_type") if isinstance(kwargs, dict) else None
+        dialect = detect_dialect(template if isinstance(template, str) else None, vocab, template_type)
     think = (tok.think_start, tok.think_end) if getattr(tok, "has_thinking", False) else None
     if think is None and dialect:
         think = dialect_think_markers(dialect)

@@ -37,6 +37,11 @@ _TEMPLATE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hermes", ("<tool_call>",)),
 )
 
+# mlx-lm's Python chat templates (tokenizer_config's ``chat_template_type``, a module of
+# ``mlx_lm.chat_templates``) -> the dialect their output is in. Such a model has no Jinja template
+# text to read, and DeepSeek-V3.2's vocabulary still holds V3's call tokens.
+_TEMPLATE_TYPES: dict[str, str] = {"deepseek_v32": "dsml", "muse_spark": "muse_spark"}
+
 # (dialect, tokens that must all be in the vocabulary), used when the template decides nothing.
 _VOCAB_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("minimax_m3", (_MINIMAX_NS,)),
@@ -58,19 +63,24 @@ _VOCAB_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def detect_dialect(
-    chat_template: str | None, vocab: Collection[str] | Mapping[str, int] | None
+    chat_template: str | None, vocab: Collection[str] | Mapping[str, int] | None,
+    template_type: str | None = None,
 ) -> str | None:
     """Returns the tool dialect a model speaks, or None if it has no (supported) tool format.
 
     Args:
         chat_template: the Jinja chat template text, or None if the tokenizer has none.
         vocab: token strings (a set, or ``tokenizer.get_vocab()``'s token -> id dict), or None.
+        template_type: tokenizer_config.json's ``chat_template_type`` (mlx-lm's Python chat
+            templates, e.g. ``deepseek_v32``); it decides first when it names a known one.
 
     Returns:
         A registry name, or None when the template never mentions tools, or no rule matches.
         A template that mentions tools without a known marker falls back to the vocabulary
         (some conversions keep the tool tokens but not the template text).
     """
+    if template_type in _TEMPLATE_TYPES:
+        return _TEMPLATE_TYPES[template_type]
     if isinstance(chat_template, str):
         if "tool" not in chat_template.lower():
             return None

@@ -263,3 +263,26 @@ def test_pythonic_invalid_escape_is_read_even_when_warnings_are_errors() -> None
         warnings.simplefilter("error")
         r = parse_tool_calls('[search(regex="^v\\d+")]', "pythonic", TABLE["pythonic"][0].tools)
     assert [(c.name, c.arguments) for c in r.tool_calls] == [("search", '{"regex": "^v\\\\d+"}')]
+
+
+def test_detect_a_python_chat_template_by_its_type() -> None:
+    # DeepSeek-V3.2's mlx-lm conversion has no Jinja template (chat_template_type deepseek_v32,
+    # mlx_lm.chat_templates.deepseek_v32) and its vocabulary still holds V3's call tokens.
+    vocab = {"<｜tool▁calls▁begin｜>"}
+    assert detect_dialect(None, vocab) == "deepseek"
+    assert detect_dialect(None, vocab, "deepseek_v32") == "dsml"
+    assert detect_dialect(None, None, "muse_spark") == "muse_spark"
+    assert detect_dialect(None, vocab, "some_future_type") == "deepseek"  # unknown: the other rules decide
+
+
+def test_the_doctor_reads_the_template_type_from_the_tokenizer_config(tmp_path) -> None:
+    import json
+
+    from omlx.engine.catalogue import tool_dialect_of
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": [{"content": "<｜tool▁calls▁begin｜>"}],
+                                                         "model": {"vocab": {}}}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({}))
+    assert tool_dialect_of(tmp_path) == "deepseek"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template_type": "deepseek_v32"}))
+    assert tool_dialect_of(tmp_path) == "dsml"
