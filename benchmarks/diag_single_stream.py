@@ -46,7 +46,7 @@ def pct(v: list[float], q: float) -> float:
 
 
 async def one_variant(name: str, args: list[str], model: Path, pm: PromptMaker, reps: int, tokens: int,
-                      log_dir: Path, spy_out: Path | None) -> dict[str, Any]:
+                      log_dir: Path, spy_out: Path | None, streams: int = 1) -> dict[str, Any]:
     import httpx
 
     switch = None
@@ -87,7 +87,16 @@ async def one_variant(name: str, args: list[str], model: Path, pm: PromptMaker, 
                                     "-f", "raw", "-o", str(spy_out), "-d", "30", "--nonblocking"],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             await asyncio.sleep(1.0)
-        for _ in range(reps):
+        for _ in range(reps if streams > 1 else 0):
+            t0 = time.perf_counter()
+            rs = await asyncio.gather(*[stream(client, srv, pm.text(64), tokens, 120) for _ in range(streams)])
+            wall = time.perf_counter() - t0
+            n = sum(r.get("completion_tokens") or len(r["chunks"]) for r in rs)
+            out.setdefault("waves", []).append({"streams": streams, "tokens": n, "wall_s": wall,
+                                                "aggregate_tok_s": n / wall, "errors": [r["error"] for r in rs if not r["ok"]][:3]})
+            print(f"{name}: {streams} streams, {n} tokens in {wall:.2f} s = {n / wall:.0f} tok/s", flush=True)
+            await asyncio.sleep(0.3)
+        for _ in range(reps if streams == 1 else 0):
             r = await stream(client, srv, pm.text(64), tokens, 120)
             g = [1e3 * x for x in itls(r)]
             out["reqs"].append({"ok": r["ok"], "error": r["error"], "tokens": r.get("completion_tokens"),
@@ -108,10 +117,14 @@ async def one_variant(name: str, args: list[str], model: Path, pm: PromptMaker, 
     srv.terminate()
     srv.reap(30)
     out["log_tail"] = srv.log_tail(2500)
+    if streams > 1:
+        return out
     tps = [r["tok_s"] for r in out["reqs"] if r["tok_s"]]
     out["tok_s_median"] = statistics.median(tps) if tps else None
     rows = out["recent"].get("requests", []) if isinstance(out["recent"], dict) else []
     out["engine_tok_s"] = [r.get("decode_tps") for r in reversed(rows)][-len(out["reqs"]):]
+    if streams > 1:
+        return out
     print(f"{name:10s} {args} swi={switch}: tok/s {[round(x, 1) for x in tps]} median "
           f"{out['tok_s_median'] and round(out['tok_s_median'], 1)}; engine-side {out['engine_tok_s']}; itl median "
           f"{[r['itl_median_ms'] and round(r['itl_median_ms'], 2) for r in out['reqs']]} ms", flush=True)
@@ -152,6 +165,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--variant", action="append", default=[], help="NAME=ARGS (repeat); default: default=")
     ap.add_argument("--py-spy", action="store_true", help="sample the first variant's server with py-spy")
+    ap.add_argument("--streams", type=int, default=1, help="concurrent streams per repetition (aggregate tok/s)")
     ap.add_argument("--no-inprocess", action="store_true")
     a = ap.parse_args()
     model = Path(a.model).resolve()
@@ -169,7 +183,7 @@ def main() -> None:
         name, _, rest = v.partition("=")
         spy = res_dir / f"single_stream-{stamp}-{name}.spy.txt" if a.py_spy and i == 0 else None
         out["variants"].append(asyncio.run(one_variant(name, rest.split(), model, pm, a.reps, a.tokens,
-                                                       log_dir, spy)))
+                                                       log_dir, spy, a.streams)))
     path = res_dir / f"single_stream-{stamp}.json"
     path.write_text(json.dumps(out, indent=1, default=str))
     if os.environ.get("OUT"):
