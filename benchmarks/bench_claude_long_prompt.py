@@ -51,7 +51,7 @@ def summary(result: dict) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / f"claude-long-prompt-{time.strftime('%Y%m%d-%H%M%S')}.json"))
-    ap.add_argument("--session-timeout-s", type=float, default=1800)
+    ap.add_argument("--session-timeout-s", type=float, default=3600)
     a = ap.parse_args()
     raw = Path(a.out).with_suffix(".raw.json")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

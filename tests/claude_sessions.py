@@ -33,7 +33,7 @@ QUESTIONS = ("What is 17 + 25? Answer with the number only.",
              "What is 6 times 7? Answer with the number only.")
 
 
-def run_sessions(out_json: Path, *, session_timeout_s: float = 1800, timeout_s: float = 3600) -> dict:
+def run_sessions(out_json: Path, *, session_timeout_s: float = 3600, timeout_s: float = 12000) -> dict:
     """Run the three sessions in a new loopback-only namespace; returns (and writes) the result.
 
     Returns:
@@ -89,7 +89,7 @@ def _session(name: str, question: str, url: str, work: Path, env: dict[str, str]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--session-timeout-s", type=float, default=1800)
+    ap.add_argument("--session-timeout-s", type=float, default=3600)
     args = ap.parse_args(argv)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     sys.path.insert(0, str(REPO))

@@ -22,7 +22,7 @@ def test_default_claude_code_session_prefills_its_first_prompt_once(tmp_path):
         pytest.skip(reason)
     if not CLAUDE.exists():
         pytest.skip(f"Claude Code not installed at {CLAUDE}: run ./scripts/setup.sh (needs npm)")
-    result = run_sessions(tmp_path / "sessions.json", session_timeout_s=2400, timeout_s=3 * 2400 + 1200)
+    result = run_sessions(tmp_path / "sessions.json", session_timeout_s=3600, timeout_s=3 * 3600 + 1200)
     a, b, c = result["sessions"]
     for s in (a, b, c):
         assert s["rc"] == 0, f"session {s['name']} exited {s['rc']}\n{s['stdout_tail']}\n{s['stderr_tail']}"
