@@ -64,6 +64,20 @@ def _recent(url: str) -> list[dict]:
     return r.json()["requests"]
 
 
+def _wait_idle(url: str, timeout_s: float = 600) -> None:
+    """Wait until the server runs no request (an aborted prefill first finishes its chunk)."""
+    import re
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = httpx.get(url + "/metrics", headers={"x-api-key": KEY}, timeout=30).text
+        if not any(float(v) for v in re.findall(r"^omlx_requests_running\{[^}]*\} ([0-9.eE+-]+)$", text, re.M)):
+            return
+        time.sleep(2)
+
+
 def _session(name: str, question: str, url: str, work: Path, env: dict[str, str], timeout_s: float) -> dict:
     before = {r["request_id"] for r in _recent(url)}
     cmd = [str(CLAUDE), "-p", question, "--output-format", "json", "--no-session-persistence"]
@@ -75,7 +89,7 @@ def _session(name: str, question: str, url: str, work: Path, env: dict[str, str]
     except subprocess.TimeoutExpired as e:
         rc, out, err = 124, (e.stdout or b"").decode(errors="replace"), (e.stderr or b"").decode(errors="replace")
     wall_s = time.monotonic() - t0
-    time.sleep(1)  # the last record is written when its stream ends
+    _wait_idle(url)  # an attempt the CLI left (or a killed CLI's) is recorded once the engine stops it
     records = [r for r in reversed(_recent(url)) if r["request_id"] not in before]  # oldest first
     result = None
     try:
