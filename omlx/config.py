@@ -406,11 +406,12 @@ class ServerConfig(BaseSettings):
     max_body_bytes: Size = _key(32 * 1024 * 1024, "larger request bodies get a 413", example="64MB")
     keepalive_s: Num = _key(5.0, "seconds between SSE keep-alives while a prompt is queued or prefilled", example=2.0)
     idle_text_after_s: Annotated[float | None, BeforeValidator(_none_for("", "none", "off"))] = _key(60.0, (
-        "Anthropic streams only: once a stream has gone this many seconds without content (a long "
-        "prefill, a long queue wait), its keep-alives become empty `text_delta` events in an open text "
-        "block, because Claude Code's stream idle watchdog (300 s) ignores `ping` events (*Long first "
-        "prompts*); `off` keeps pings. The turn's first block is then a text block, empty when the "
-        "model's answer starts with a tool call"), example=30.0)
+        "once a stream has gone this many seconds without content (a long prefill, a long queue wait), "
+        "its keep-alives become events the clients' stream idle watchdogs count (*Long first prompts*): "
+        "on Anthropic streams empty `text_delta` events in an open text block (Claude Code ignores `ping`; "
+        "the turn's first block is then a text block, empty when the model's answer starts with a tool "
+        "call), on Responses streams `response.in_progress` again (Codex ignores SSE comments); `off` "
+        "keeps pings and comments. Chat Completions streams always send comments"), example=30.0)
     preload_blas: bool = _key(True, "re-exec with OpenBLAS preloaded on Linux when MLX would use reference BLAS",
                               example=False)
     log_level: str = _key("INFO", "DEBUG, INFO, WARNING", example="DEBUG")

@@ -420,9 +420,16 @@ async def create_response(http: HttpRequest):
     if p.stream:
         resp = await http.respond(content_type="text/event-stream", headers=SSE_HEADERS)
         await holds.checkpoint("responded")
+        idle_after_s = http.app.ctx.config.idle_text_after_s
+        t0 = time.monotonic()
         async for events in frame_turn(turn, b, want_logprobs=p.want_logprobs, on_finish=on_finish):
             if events is KEEPALIVE:
-                await resp.send(SSE_COMMENT_KEEPALIVE)
+                if idle_after_s is not None and time.monotonic() - t0 >= idle_after_s:
+                    # a long silence (a long prefill, a queue wait): an event Codex's stream idle
+                    # watchdog counts, where a comment does not (config.py, idle_text_after_s)
+                    await resp.send(sse_event("response.in_progress", b.in_progress()))
+                else:
+                    await resp.send(SSE_COMMENT_KEEPALIVE)
             elif events:  # one send per batch of engine events
                 await resp.send("".join([sse_event(e["type"], e) for e in events]))
         await resp.eof()

@@ -3,7 +3,7 @@
 `ResponseBuilder` owns the Response object of one request and the order of its stream events
 (OpenAI API reference, Responses, "Streaming events"):
 
-    response.created, response.in_progress,
+    response.created, response.in_progress (sent again as a keep-alive during a long silence),
     per reasoning item: response.output_item.added, response.reasoning_text.delta*,
                        response.reasoning_text.done, response.output_item.done
     per message item:  response.output_item.added, response.content_part.added,
@@ -88,6 +88,12 @@ class ResponseBuilder:
     def start(self) -> list[dict[str, Any]]:
         """``response.created`` and ``response.in_progress``."""
         return [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
+
+    def in_progress(self) -> dict[str, Any]:
+        """``response.in_progress`` again, with the Response as it stands: sent as a keep-alive
+        while nothing else is (a long prefill), because clients' stream idle watchdogs count
+        events, not SSE comments (Codex CLI 0.171.0, `benchmarks/diag_codex_watchdog.py`)."""
+        return self._lifecycle("response.in_progress")
 
     def feed(self, event: Any, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """One event of `omlx.api.turn.ModelTurn` (content, reasoning, a tool call's start/args/end);

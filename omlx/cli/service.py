@@ -325,7 +325,9 @@ def service_status(spec: ServiceSpec | None, paths: ServicePaths, key: str | Non
     Keys: port, state ("running", "starting": the process runs but /health does not answer,
     "external": a server answers that `omlx start` did not start, "stopped"), backend, url,
     pid, uptime_s, rss_bytes, models (loaded ids), cache (prompt-token hit rate over the
-    requests since the server started, hot and SSD tier sizes), log, note.
+    requests since the server started, hot and SSD tier sizes), prefilling (the prompts being
+    prefilled now: ``/v1/admin/recent``'s rows, `omlx.engine.progress.PrefillStatus.as_dict`),
+    log, note.
     """
     import psutil
 
@@ -358,6 +360,8 @@ def service_status(spec: ServiceSpec | None, paths: ServicePaths, key: str | Non
         cache["hot_bytes"] = sum(t.get("hot", {}).get("num_bytes", 0) for t in tiers)
         cache["ssd_files"] = sum(t["cold"].get("num_files", 0) for t in tiers)
         cache["ssd_bytes"] = sum(t["cold"].get("num_bytes", 0) for t in tiers)
+    with contextlib.suppress(Exception):
+        out["prefilling"] = _get(url + "/v1/admin/recent?limit=1", key)["prefilling"]
     return out
 
 
@@ -395,9 +399,22 @@ def format_status(st: dict[str, Any]) -> str:
         tiers = (f"; hot {format_bytes(c.get('hot_bytes', 0), digits=1)}, SSD {c.get('ssd_files', 0)} blocks "
                  f"({format_bytes(c.get('ssd_bytes', 0), digits=1)})")
         rows.append(f"  cache     {hit}{tiers if 'hot_bytes' in c else ''}")
+    for p in st.get("prefilling") or []:
+        rows.append(f"  prefill   {format_prefill(p)}")
     if st["state"] != "external":
         rows.append(f"  log       {st['log']}")
     return "\n".join(rows)
+
+
+def format_prefill(p: dict[str, Any]) -> str:
+    """One prompt being prefilled (a ``prefilling`` row of ``/v1/admin/recent``), e.g.
+    ``req-1-ab Qwen: 3,840 / 18,769 tokens (20%; 5 cached), 31.5 tok/s, ETA 7m 54s, 2m 01s so far``."""
+    rate = p.get("tokens_per_s")
+    eta = p.get("eta_s")
+    cached = f"; {p['num_cached_tokens']:,} cached" if p.get("num_cached_tokens") else ""
+    return (f"{p['request_id']} {p['model']}: {p['num_done_tokens']:,} / {p['num_prompt_tokens']:,} tokens "
+            f"({p['progress']:.0%}{cached}), {'-' if rate is None else f'{rate:.1f}'} tok/s, "
+            f"ETA {'-' if eta is None else _duration(eta)}, {_duration(p['elapsed_s'])} so far")
 
 
 # ---- commands ------------------------------------------------------------------------------------

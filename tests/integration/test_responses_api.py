@@ -333,3 +333,43 @@ def test_input_longer_than_context(server):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and err["param"] == "input"
+
+
+def test_long_silence_keeps_alive_with_in_progress_events_and_the_turn_replays():
+    """Issue 27: Codex CLI's stream idle watchdog counts stream events but not SSE comments
+    (benchmarks/diag_codex_watchdog.py), so after idle_text_after_s (here 0: every keep-alive of
+    a prefill) a Responses stream sends ``response.in_progress`` again instead of a comment."""
+    env = {"OMLX_KEEPALIVE_S": "0.2", "OMLX_IDLE_TEXT_AFTER_S": "0"}
+    with ServerProcess(["-m", MODEL_ID, "--no-cache"], env=env) as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        plain = "Summarize: " + "the cat sat on the mat. " * 40
+        body = {"model": MODEL_ID, "input": f"Run {uuid.uuid4().hex}. " + plain, "max_output_tokens": 8,
+                "temperature": 0, "stream": True, "store": False}
+        lines, events = sse(s, body)
+        types = [e["type"] for e in events]
+        assert not [ln for ln in lines if ln.startswith(":")], "a comment instead of an in_progress event"
+        assert types[:2] == ["response.created", "response.in_progress"] and types.count("response.in_progress") > 2, types[:8]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        again = [e for e in events if e["type"] == "response.in_progress"][-1]["response"]
+        assert again["status"] == "in_progress" and again["id"] == events[0]["response"]["id"]
+        assert types[-1] == "response.incomplete" or types[-1] == "response.completed"
+        whole = c.responses.create(**{k: v for k, v in body.items() if k != "stream"})
+        assert events[-1]["response"]["output"][0]["content"][0]["text"] == whole.output_text
+
+        # The SDK's stream helper takes the repeated lifecycle events; a forced call, then the
+        # client sends the turn back as Codex does (the output items verbatim): accepted.
+        tool = {"type": "function", "name": "list_files", "description": "List the files in a folder",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+        ask = [{"role": "user", "content": plain + " List the files."}]
+        with c.responses.stream(model=MODEL_ID, input=ask, tools=[tool], tool_choice="required", temperature=0,
+                                max_output_tokens=64, store=False) as stream:
+            seen = [e.type for e in stream]
+            final = stream.get_final_response()
+        assert seen.count("response.in_progress") > 2, seen[:8]
+        calls = [o for o in final.output if o.type == "function_call"]
+        assert calls and calls[0].name == "list_files", final.output
+        replay = [*ask, *[o.model_dump(exclude_none=True) for o in final.output],
+                  {"type": "function_call_output", "call_id": calls[0].call_id, "output": "a.txt"}]
+        r = c.responses.create(model=MODEL_ID, input=replay, tools=[tool], temperature=0, max_output_tokens=8,
+                               store=False)
+        assert r.status == "completed" or r.status == "incomplete"

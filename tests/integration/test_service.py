@@ -111,6 +111,44 @@ def test_status_shows_url_models_pid_uptime_memory_and_hit_rate(svc):
     assert "hit rate" in text and "RSS" in text and MODEL_ID in text
 
 
+def test_status_shows_a_prompt_being_prefilled_with_progress(svc):
+    """Issue 27: `omlx status` lists each prompt being prefilled: tokens done / total, rate, ETA."""
+    import threading
+    import uuid
+
+    prompt = _tokenize(f"Run {uuid.uuid4().hex}. " + " ".join(f"item{i} is number {i}." for i in range(480)))
+    assert 4000 < len(prompt) < 8000  # long, and inside SmolLM2's 8,192-token context
+    done, seen = threading.Event(), threading.Event()
+
+    def complete() -> None:  # streamed, so the test can leave once it has seen the prefill (an abort)
+        body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 1, "stream": True}
+        try:
+            with httpx.stream("POST", svc.url + "/v1/completions", json=body, timeout=900) as r:
+                for _ in r.iter_lines():  # a keep-alive comment every 5 s while it prefills
+                    if seen.is_set():
+                        break
+        finally:
+            done.set()
+
+    t = threading.Thread(target=complete, daemon=True)
+    t.start()
+    rows, text = [], ""
+    while not done.is_set() and not rows:
+        (st,) = json.loads(svc.run("status", "--json").stdout)
+        rows = [r for r in st.get("prefilling", []) if r["num_prefilled_tokens"] > 0 and r["tokens_per_s"]]
+    if rows:
+        text = svc.run("status").stdout  # the same prefill, as text
+    seen.set()
+    t.join(900)
+    assert rows, "the prefill ended before `omlx status` saw it"
+    (row,) = rows
+    assert row["model"] == MODEL_ID and row["num_prompt_tokens"] == len(prompt)
+    assert 0 < row["num_done_tokens"] < len(prompt) and row["tokens_per_s"] > 0 and row["eta_s"] > 0
+    lines = [ln for ln in text.splitlines() if ln.startswith("  prefill ")]
+    assert len(lines) == 1 and f"{row['request_id']} {MODEL_ID}: " in lines[0], text
+    assert f" / {len(prompt):,} tokens (" in lines[0] and " tok/s, ETA " in lines[0], text
+
+
 def test_logs_tail(svc):
     r = svc.run("logs", "-n", "200")
     assert r.returncode == 0 and "omlx start (pidfile)" in r.stdout and f"omlx ready on http://127.0.0.1:{svc.port}" in r.stdout

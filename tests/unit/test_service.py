@@ -356,3 +356,17 @@ def test_log_tail_reads_from_the_end(tmp_path):
     offset = 4990 * 98  # only what a start appended after this byte
     assert service._log_tail(log, offset, 40).splitlines()[0].startswith("004990")
     assert service._log_tail(log, 0, 1, end=98).startswith("000000")
+
+
+def test_status_text_shows_each_prefilling_prompt_with_progress_rate_and_eta():
+    row = {"request_id": "req-1-ab", "model": "Qwen2.5-Coder-0.5B-Instruct", "outcome": "prefilling",
+           "num_prompt_tokens": 18769, "num_cached_tokens": 5, "num_prefilled_tokens": 3835, "num_to_prefill": 18764,
+           "num_done_tokens": 3840, "progress": 0.2046, "elapsed_s": 121.68, "tokens_per_s": 31.5, "eta_s": 473.7}
+    st = {"port": 8000, "state": "running", "backend": "pidfile", "url": "http://127.0.0.1:8000", "pid": 1,
+          "log": "/x.log", "note": None, "prefilling": [row, {**row, "request_id": "req-2-cd", "num_cached_tokens": 0,
+                                                               "tokens_per_s": None, "eta_s": None}]}
+    rows = service.format_status(st).splitlines()
+    assert ("  prefill   req-1-ab Qwen2.5-Coder-0.5B-Instruct: 3,840 / 18,769 tokens (20%; 5 cached), 31.5 tok/s, "
+            "ETA 7m 53s, 2m 01s so far") in rows
+    assert "  prefill   req-2-cd Qwen2.5-Coder-0.5B-Instruct: 3,840 / 18,769 tokens (20%), - tok/s, ETA -, 2m 01s so far" in rows
+    assert "prefill" not in service.format_status({**st, "prefilling": []})
