@@ -18,6 +18,13 @@ the cold tier (``omlx.cache.ssd.SSDStore``, disk):
   (:class:`RestoreCostModel`); the decision is logged.
 * **Flush** on close: the hot tier's registered blocks and tails are written back so a clean
   restart restores everything.
+* **Window parts** (sliding-window models): the cold tier keeps whole blocks. The write-through
+  copy is queued when a block is registered, before the hot tier can drop its window part, and a
+  file is never rewritten to drop one: the disk budget is many times the hot one, and a rewrite
+  would cost a write and an fsync to save disk the budget already manages. A block written back
+  after its window part was dropped (write-through off, or its low-priority write lost) is
+  written without it; a hit restored from such a file is cut back like a hot one
+  (``CacheSpec.hit_end``).
 
 Pure Python: payloads are opaque, a :class:`PayloadCodec` from the engine turns them into
 numpy :class:`HostBlock` and back, always on the calling (engine) thread. It must not import
@@ -598,6 +605,8 @@ class TieredCache:
             host = self.codec.to_host(block.payload)
         except Exception:
             logger.exception("cold KV cache: cannot convert block %d for disk", block.block_id)
+            return
+        if not host.tensors:  # a window-only model's block whose window part was dropped: nothing to keep
             return
         if host.dtype != store.dtype:
             if not self._warned_dtype:

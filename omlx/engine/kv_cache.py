@@ -15,7 +15,9 @@ tensor). Storing a block is one stack of the layers' slices; materializing a req
 concatenate along the token axis, then per-layer views set as each cache's state. Those views
 have no free room, so mlx-lm's next update concatenates into a fresh buffer: the hot tier's
 arrays are never written through. Sliding-window layers store every token like attention
-layers and restore the tokens their window covers; recurrent-state layers (SSM, gated
+layers, in a window part of the payload that the hot tier drops first under pressure where no
+chain end's window reads it (`window_parts`, ``BlockPool.window_droppable``), and restore the
+tokens their window covers (a hit is cut back to where those are all present); recurrent-state layers (SSM, gated
 delta-net) attach a snapshot to the block ending where it was taken, and a hit on such a model
 is cut back to the last block that carries one (`CacheSpec.hit_end`).
 
@@ -42,7 +44,7 @@ import psutil
 
 from omlx.cache.blockfile import DTYPES, PACKED_DTYPE, STATE_PREFIX, HostBlock
 from omlx.cache.hashing import BlockHashes, Namespace, make_kv_format, model_fingerprint, tokenizer_hash
-from omlx.cache.paged import TAIL_SLACK_TOKENS, BlockPool
+from omlx.cache.paged import TAIL_SLACK_TOKENS, BlockPool, WindowParts
 from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
 from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPolicy
 from omlx.config import ServerConfig
@@ -223,6 +225,7 @@ class PrefixCacheTiers:
     num_whole_prompt_hits: int = 0
     num_snapshots: int = 0
     num_hits_cut_to_snapshot: int = 0
+    num_hits_cut_to_window: int = 0
 
     def __post_init__(self) -> None:
         tiers = self.tiers
@@ -261,7 +264,10 @@ class PrefixCacheTiers:
             hit = self.tiers.acquire(token_ids, whole=whole, block_hashes=hashes.hashes)
             usable = self.spec.hit_end(hit.parts)
             if usable < hit.num_cached_tokens:  # a state model resumes only from a snapshot
-                self.num_hits_cut_to_snapshot += 1
+                if all(self.spec.has_window_part(p) for p, _ in hit.parts):  # type: ignore[arg-type]
+                    self.num_hits_cut_to_snapshot += 1
+                else:  # a block the window layers read lost its window part
+                    self.num_hits_cut_to_window += 1
                 hit.truncate(usable)
             n = hit.num_cached_tokens
             is_whole = whole and n == len(token_ids)
@@ -519,6 +525,10 @@ class PrefixCacheTiers:
             "cache_layout": self.spec.describe(),
             "num_snapshots": self.num_snapshots,
             "num_hits_cut_to_snapshot": self.num_hits_cut_to_snapshot,
+            "num_window_bytes": s.num_window_bytes,
+            "num_window_parts_dropped": s.num_window_parts_dropped,
+            "num_window_bytes_dropped": s.num_window_bytes_dropped,
+            "num_hits_cut_to_window": self.num_hits_cut_to_window,
             "num_next_logprobs": len(self._next_logprobs),
             "num_next_logprobs_bytes": self._num_logprobs_bytes,
         }
@@ -557,7 +567,8 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
     # A recurrent model resumes only at a snapshot, which stands at a block's or tail's end:
     # tails are never dropped for a longer sibling, and a hit's last part is used whole.
     stateful = spec.has_state
-    pool = BlockPool(max_bytes=max_bytes, block_size=bs, tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS)
+    pool = BlockPool(max_bytes=max_bytes, block_size=bs, tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS,
+                     window_parts=window_parts(spec))
     logger.info("hot KV cache for %s: %s budget, %d-token blocks, namespace %s, cache layout %s",
                 loaded.model_id, format_bytes(max_bytes), bs, ns.digest(), spec.describe())
     if spec.has_state:
@@ -570,6 +581,17 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
     tiers = TieredCache(pool, ns, MlxPayloadCodec(kv_dtype) if kv_dtype in DTYPES else _NoCodec(),
                         store, policy, cost)
     return PrefixCacheTiers(tiers, spec, prefill_note_tokens=_prefill_note_tokens(config), prefill_rate_observed=observed)
+
+
+def window_parts(spec: CacheSpec) -> WindowParts | None:
+    """How the hot tier measures and drops the window part of this layout's payloads
+    (`CacheSpec.window_part_bytes`, `CacheSpec.drop_window_part`), or None without window layers."""
+    if not spec.window_layers:
+        return None
+    reach, keep = spec.window_reach
+    return WindowParts(reach_tokens=reach, keep_tokens=keep,
+                       num_bytes=spec.window_part_bytes,  # type: ignore[arg-type]
+                       drop=spec.drop_window_part)  # type: ignore[arg-type]
 
 
 def _prefill_note_tokens(config: ServerConfig) -> int:
@@ -645,4 +667,5 @@ def _kv_dtype(loaded: LoadedModel) -> str:
     return "float32"
 
 
-__all__ = ["Lease", "MlxPayloadCodec", "PrefixCacheTiers", "make_prefix_cache", "measure_prefill_rate", "model_namespace"]
+__all__ = ["Lease", "MlxPayloadCodec", "PrefixCacheTiers", "make_prefix_cache", "measure_prefill_rate", "model_namespace",
+           "window_parts"]
