@@ -166,6 +166,8 @@ class PoolStats:
         num_window_parts_dropped: Window parts dropped under pressure (see
             :meth:`BlockPool.window_droppable`).
         num_window_bytes_dropped: Bytes those parts held.
+        num_window_parts_restored: Window parts put back into held blocks
+            (:meth:`BlockPool.restore_window_part`, from the cold tier).
     """
 
     num_blocks: int
@@ -189,6 +191,7 @@ class PoolStats:
     num_window_bytes: int = 0
     num_window_parts_dropped: int = 0
     num_window_bytes_dropped: int = 0
+    num_window_parts_restored: int = 0
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -308,6 +311,7 @@ class BlockPool:
         self._num_window_bytes = 0
         self._num_window_parts_dropped = 0
         self._num_window_bytes_dropped = 0
+        self._num_window_parts_restored = 0
         self._blocks: dict[int, KVBlock] = {}
         self._full: dict[bytes, KVBlock] = {}
         self._tails: dict[bytes, KVBlock] = {}
@@ -741,6 +745,7 @@ class BlockPool:
             num_window_bytes=self._num_window_bytes,
             num_window_parts_dropped=self._num_window_parts_dropped,
             num_window_bytes_dropped=self._num_window_bytes_dropped,
+            num_window_parts_restored=self._num_window_parts_restored,
         )
 
     def window_droppable(self) -> list[KVBlock]:
@@ -785,6 +790,35 @@ class BlockPool:
                 out.append(b)
         out.sort(key=lambda b: (b.last_access, b.block_index, b.block_id))
         return out
+
+    def restore_window_part(self, block: KVBlock, payload: object) -> bool:
+        """Give a held block whose window part was dropped a payload that has it again (read
+        back from the cold tier), making room as registration does.
+
+        Returns:
+            False (nothing changed) when the part does not fit the budget.
+
+        Raises:
+            ValueError: no :class:`WindowParts`, the block is not live or not held, it still has
+                its window part, or ``payload`` has none.
+        """
+        wp = self._window_parts
+        self._check_live(block)
+        if wp is None or block.ref_count < 1 or block.window_bytes:
+            raise ValueError(f"block {block.block_id}: restore a window part only into a held block without one")
+        n = int(wp.num_bytes(payload))
+        if n <= 0:
+            raise ValueError("the payload has no window part")
+        if not self._make_room(n, protect=None):
+            self._num_rejected += 1
+            return False
+        block.payload = payload
+        block.num_bytes += n
+        block.window_bytes = n
+        self._num_bytes += n
+        self._num_window_bytes += n
+        self._num_window_parts_restored += 1
+        return True
 
     def _drop_window_parts(self, num_bytes: int) -> int:
         """Drop droppable window parts (:meth:`window_droppable` order) until ``num_bytes``

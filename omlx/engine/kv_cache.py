@@ -226,6 +226,7 @@ class PrefixCacheTiers:
     num_snapshots: int = 0
     num_hits_cut_to_snapshot: int = 0
     num_hits_cut_to_window: int = 0
+    num_window_parts_refilled: int = 0
 
     def __post_init__(self) -> None:
         tiers = self.tiers
@@ -263,6 +264,8 @@ class PrefixCacheTiers:
         with self._lock:
             hit = self.tiers.acquire(token_ids, whole=whole, block_hashes=hashes.hashes)
             usable = self.spec.hit_end(hit.parts)
+            if usable < hit.num_cached_tokens and self.spec.window_layers:
+                usable = self._refill_window_parts(hit, usable)
             if usable < hit.num_cached_tokens:  # a state model resumes only from a snapshot
                 if all(self.spec.has_window_part(p) for p, _ in hit.parts):  # type: ignore[arg-type]
                     self.num_hits_cut_to_snapshot += 1
@@ -280,6 +283,45 @@ class PrefixCacheTiers:
                 raise
         return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole, block_hashes=hashes,
                      num_registered_blocks=hit.num_full_blocks)
+
+    def _refill_window_parts(self, hit: TieredHit, usable: int) -> int:
+        """Read back from the cold tier the window parts a hit's window reads that the hot tier
+        dropped, when that is cheaper than prefilling the tokens it would lose
+        (`RestoreCostModel`); returns the hit's usable end after (`CacheSpec.hit_end`).
+
+        Only hot blocks the hit holds are refilled (their cold copy has the part: written
+        through before it was dropped); the refilled payload replaces the part in ``hit.parts``.
+        """
+        n = hit.num_cached_tokens
+        reach, keep = self.spec.window_reach
+        lo, head = max(0, n - reach), min(keep, n)
+        wanted: list[tuple[int, Any]] = []  # (index in parts, held block)
+        pos = 0
+        for i, (payload, used) in enumerate(hit.parts):
+            a, pos = pos, pos + used
+            if (a < head or (pos > lo and a < n)) and not self.spec.has_window_part(payload):  # type: ignore[arg-type]
+                block = next((b for b in hit.held if b.payload is payload), None)
+                if block is None:
+                    return usable
+                wanted.append((i, block))
+        sizes = [self.tiers.cold_bytes(b) for _, b in wanted]
+        if not wanted or any(x is None for x in sizes):
+            return usable
+        if not self.tiers.cost.decide(sum(sizes), n - usable).restore:  # type: ignore[arg-type]
+            return usable
+        for i, block in wanted:
+            got = self.tiers.read_cold(block)
+            if got is None:
+                break
+            names = self.spec.window_names(got[0])  # type: ignore[arg-type]
+            if not names:
+                break  # written after its window part was dropped
+            merged = {**block.payload, **{k: got[0][k] for k in names}}  # type: ignore[index, dict-item]
+            if not self.pool.restore_window_part(block, merged):
+                break
+            hit.parts[i] = (merged, hit.parts[i][1])
+            self.num_window_parts_refilled += 1
+        return self.spec.hit_end(hit.parts)  # type: ignore[arg-type]
 
     def truncate(self, lease: Lease, num_tokens: int) -> None:
         """Cut an unmaterialized lease to its first ``num_tokens`` tokens (exact; see
@@ -529,6 +571,7 @@ class PrefixCacheTiers:
             "num_window_parts_dropped": s.num_window_parts_dropped,
             "num_window_bytes_dropped": s.num_window_bytes_dropped,
             "num_hits_cut_to_window": self.num_hits_cut_to_window,
+            "num_window_parts_refilled": self.num_window_parts_refilled,
             "num_next_logprobs": len(self._next_logprobs),
             "num_next_logprobs_bytes": self._num_logprobs_bytes,
         }

@@ -7,6 +7,8 @@ chain through it goes on for at least 8 tokens (2 blocks) past it.
 
 from __future__ import annotations
 
+import pytest
+
 from omlx.cache.hashing import Namespace
 from omlx.cache.paged import BlockPool, KVBlock, WindowParts
 
@@ -108,3 +110,16 @@ def test_without_window_parts_nothing_is_droppable() -> None:
     pool = BlockPool(max_bytes=100, block_size=BS)
     b = pool.register(NS, None, [1, 2, 3, 4], payload(), ATTN + WIN)
     assert b is not None and b.window_bytes == 0 and pool.window_droppable() == []
+
+
+def test_a_held_block_gets_its_window_part_back_within_the_budget() -> None:
+    pool, evicted = make_pool(max_bytes=5 * (ATTN + WIN))
+    a = chain(pool, list(range(10, 30)))
+    assert pool.evict(WIN) == WIN and a[0].window_bytes == 0
+    with pytest.raises(ValueError, match="held block"):
+        pool.restore_window_part(a[0], payload())  # not held
+    pool.acquire(a[:1])
+    assert pool.restore_window_part(a[0], payload())  # room: the budget had WIN bytes free
+    assert (a[0].window_bytes, a[0].num_bytes, pool.num_bytes) == (WIN, ATTN + WIN, 5 * (ATTN + WIN))
+    assert pool.stats().num_window_parts_restored == 1 and evicted == []
+    pool.release(a[:1])

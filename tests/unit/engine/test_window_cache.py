@@ -32,10 +32,10 @@ def block_bytes(model) -> tuple[int, int]:
     return int(sum(x.nbytes for x in p.values())), spec.window_part_bytes(p)
 
 
-def make_engine(model, tokenizer, root, max_bytes: int):
+def make_engine(model, tokenizer, root, max_bytes: int, write_through: bool = False):
     """An engine whose hot tier drops window parts (as `make_prefix_cache` builds it) over a
-    budget of ``max_bytes``; files reach the SSD tier only when written back (eviction, close),
-    so a block whose window part was dropped is written without it."""
+    budget of ``max_bytes``. Without ``write_through`` files reach the SSD tier only when written
+    back (eviction, close), so a block whose window part was dropped is written without it."""
     from omlx.cache.hashing import Namespace, make_kv_format
     from omlx.cache.paged import BlockPool
     from omlx.cache.ssd import SSDStore
@@ -50,7 +50,7 @@ def make_engine(model, tokenizer, root, max_bytes: int):
     store = SSDStore(root, ns, dtype="float32", max_bytes=10**9)
     pool = BlockPool(max_bytes=max_bytes, block_size=BS, window_parts=window_parts(spec))
     tiers = TieredCache(pool, ns, MlxPayloadCodec("float32"), store,
-                        TierPolicy(write_new_blocks=False, write_through_hits=0),
+                        TierPolicy(write_new_blocks=write_through, write_through_hits=0),
                         RestoreCostModel(prefill_tokens_per_s=1.0, read_bytes_per_s=1e9))
     pc = PrefixCacheTiers(tiers, spec)
     eng = Engine("tiny", model, tokenizer, scheduler=Scheduler(8, 64), prefix_cache=pc, block_size=BS,
@@ -120,6 +120,34 @@ def test_hits_after_window_parts_were_dropped_are_exact_hot_and_after_a_restart(
         assert _tokens(ev) == reference(model, turn3, 12, eos)
         assert _usage(ev).num_cached_tokens_cold >= len(turn2) + len(out2) - 1 - BS, _usage(ev)
         assert pc.pool.stats().num_window_bytes < pc.pool.num_bytes / 2  # restored without some parts
+    finally:
+        eng.stop()
+        pc.close(30)
+
+
+def test_a_hit_cut_by_a_dropped_window_part_reads_it_back_from_the_ssd_tier(tokenizer, tmp_path):
+    """With write-through (the default), every block's file holds its window part: a hit whose
+    window reads a part the hot tier dropped gets it back from disk instead of being cut."""
+    from omlx.request import Request, SamplingParams
+
+    model = tiny("gemma3_text")
+    whole, win = block_bytes(model)
+    eos = frozenset(tokenizer.eos_token_ids)
+    sp = SamplingParams(max_tokens=12, temperature=0.0)
+    base, other, junk = rand_prompts([100, 31, 12], seed=11)
+    eng, pc = make_engine(model, tokenizer, tmp_path, max_bytes=9 * whole - 3 * win, write_through=True)
+    try:
+        out1 = _tokens(_run_all(eng, [Request("tiny", base, sp)])[0])
+        if len(out1) < 12:
+            pytest.skip(f"the random model stopped after {len(out1)} tokens")
+        _run_all(eng, [Request("tiny", other, SamplingParams(max_tokens=1, temperature=0.0))])
+        assert pc.stats()["num_window_parts_dropped"] == 3
+        cut = base[:50] + junk  # its window reads 34..49: blocks 2 (dropped) and 3
+        ev = _run_all(eng, [Request("tiny", cut, sp)])[0]
+        assert _tokens(ev) == reference(model, cut, 12, eos)
+        assert _usage(ev).num_cached_tokens == 50, _usage(ev)
+        s = pc.stats()
+        assert s["num_window_parts_refilled"] == 1 and s["num_hits_cut_to_window"] == 0, s
     finally:
         eng.stop()
         pc.close(30)
