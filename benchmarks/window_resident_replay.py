@@ -83,14 +83,17 @@ def main() -> int:
     p.add_argument("--model-dir", type=Path, required=True)
     p.add_argument("--quick", action="store_true", help="300-token system prompt, 60-token turns, 8-token replies")
     p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--budget", type=int, default=None, help="hot budget of runs 2 and 3 (skips run 1)")
     a = p.parse_args()
     system, per_turn, reply = (300, 60, 8) if a.quick else (2000, 300, 32)
     P = C.Prompts(a.model_dir)
     trace = C.AgentTrace.build(P, 0, system, per_turn, 8, 6)
-    full = replay(a.model_dir, P, trace, 8, reply, None, True, a.block_size)
-    print(json.dumps(full), flush=True)
-    block = full["num_bytes"] // max(1, full["num_blocks"])
-    budget = full["num_bytes"] - full["num_droppable_window_bytes"] + block
+    budget = a.budget
+    if budget is None:
+        full = replay(a.model_dir, P, trace, 8, reply, None, True, a.block_size)
+        print(json.dumps(full), flush=True)
+        block = full["num_bytes"] // max(1, full["num_blocks"])
+        budget = full["num_bytes"] - full["num_droppable_window_bytes"] + block
     for windows in (True, False):
         print(json.dumps(replay(a.model_dir, P, trace, 8, reply, budget, windows, a.block_size)), flush=True)
     return 0

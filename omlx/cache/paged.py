@@ -754,9 +754,11 @@ class BlockPool:
         Only with :class:`WindowParts`. A block's window part is droppable when all of these hold
         (``end(b) = b.block_index * block_size + b.num_tokens``, one past its last position):
 
-        1. it is a registered full block with its window part, held by no request (a holder
-           may still read its payload: a lease materializes after its lookup, and a running
-           request holds its whole chain);
+        1. it is a registered full block with its window part, held or not: a holder reads a
+           block's payload only through the payload object its lookup captured, and dropping
+           makes a new object without ever changing the old one (a lease not yet materialized
+           keeps the bytes alive until it is); a running request holds its whole chain, and
+           its own next hit is at its chain's end;
         2. it holds no sink token: ``block_index * block_size >= keep_tokens``;
         3. every cached chain through it goes on for at least ``reach_tokens`` tokens past it:
            it has a registered child, and every registered leaf ``L`` below it (a full block or
@@ -785,8 +787,7 @@ class BlockPool:
                 continue
             m = min(min_end[c.block_id] for c in kids.values())
             min_end[b.block_id] = m
-            if (b.ref_count == 0 and b.window_bytes > 0 and b.block_index * bs >= wp.keep_tokens
-                    and m - end >= wp.reach_tokens):
+            if b.window_bytes > 0 and b.block_index * bs >= wp.keep_tokens and m - end >= wp.reach_tokens:
                 out.append(b)
         out.sort(key=lambda b: (b.last_access, b.block_index, b.block_id))
         return out
@@ -834,14 +835,14 @@ class BlockPool:
 
     def _drop_window_part(self, block: KVBlock) -> int:
         wp = self._window_parts
-        assert wp is not None and block.ref_count == 0
+        assert wp is not None
         n = block.window_bytes
         block.payload = wp.drop(block.payload)
         block.num_bytes -= n
         block.window_bytes = 0
         self._num_bytes -= n
         self._num_window_bytes -= n
-        if block.is_registered:
+        if block.is_registered and block.ref_count == 0:
             self._num_free_bytes -= n
         self._num_window_parts_dropped += 1
         self._num_window_bytes_dropped += n
@@ -942,7 +943,12 @@ class BlockPool:
         return any(_supersedes(s, tail, self._tail_slack) for s in siblings.values())
 
     def _make_room(self, num_bytes: int, *, protect: KVBlock | None) -> bool:
-        """Evict until ``num_bytes`` more fit; False (evicting nothing if foreseeable) if not."""
+        """Drop droppable window parts, then evict leaves, until ``num_bytes`` more fit; False
+        (evicting no leaf if foreseeable) if not."""
+        if self._num_bytes + num_bytes <= self._max_bytes:
+            return True
+        # Window parts no chain end reads go before any leaf (window_droppable), held ones too.
+        self._drop_window_parts(self._num_bytes + num_bytes - self._max_bytes)
         if self._num_bytes + num_bytes <= self._max_bytes:
             return True
         reclaimable = self._num_free_bytes
@@ -951,8 +957,6 @@ class BlockPool:
         # Held blocks cannot go: give up before evicting anything in vain.
         if self._num_bytes - reclaimable + num_bytes > self._max_bytes:
             return False
-        # Window parts no chain end can read go before any leaf (window_droppable).
-        self._drop_window_parts(self._num_bytes + num_bytes - self._max_bytes)
         while self._num_bytes + num_bytes > self._max_bytes:
             # Can still fail when an unheld block has a held descendant (it is no leaf).
             if self._evict_one(protect=protect) is None:

@@ -65,13 +65,17 @@ def test_window_bytes_are_counted_and_only_parts_far_enough_from_every_chain_end
     assert [b.block_id for b in pool.window_droppable()] == [a[2].block_id]
 
 
-def test_held_blocks_and_sink_blocks_keep_their_window_part() -> None:
-    pool, _ = make_pool(keep=1)
-    a = chain(pool, list(range(10, 30)), release=False)
-    assert pool.window_droppable() == []  # held by the request that registered them
-    pool.release(a)
+def test_sink_blocks_keep_their_window_part_and_held_ones_drop_it_without_changing_a_captured_payload() -> None:
+    pool, _ = make_pool(keep=1, max_bytes=5 * (ATTN + WIN) + 2)
+    a = chain(pool, list(range(10, 30)), release=False)  # held, as by the request that registered them
     # Block 0 holds the sink token (position 0): never dropped.
     assert [b.block_id for b in pool.window_droppable()] == [a[1].block_id, a[2].block_id]
+    captured = a[1].payload  # what a lookup's parts hold
+    free_before = pool.stats().num_free_bytes
+    assert pool.register(NS, None, [1, 2, 3, 4], payload(), ATTN + WIN) is not None  # over budget by 8
+    assert [b.window_bytes for b in a] == [WIN, 0, 0, WIN, WIN]
+    assert "win" in captured and "win" not in a[1].payload  # type: ignore[operator]
+    assert pool.stats().num_free_bytes == free_before  # held blocks: no free bytes changed
 
 
 def test_under_pressure_window_parts_of_old_blocks_go_before_any_leaf() -> None:
