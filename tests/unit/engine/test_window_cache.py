@@ -151,3 +151,30 @@ def test_a_hit_cut_by_a_dropped_window_part_reads_it_back_from_the_ssd_tier(toke
     finally:
         eng.stop()
         pc.close(30)
+
+
+def test_a_conversation_over_the_budget_keeps_its_whole_chain_by_dropping_its_own_old_window_parts(tokenizer, tmp_path):
+    """A 7-block conversation under a 5-block budget: the request holds its chain while it
+    runs, and each new block makes room from the window parts of its own blocks that lie 16+
+    tokens before its last one; the next turn hits all 112 tokens, exactly."""
+    from omlx.request import Request, SamplingParams
+
+    model = tiny("gemma3_text")
+    whole, win = block_bytes(model)
+    eos = frozenset(tokenizer.eos_token_ids)
+    sp = SamplingParams(max_tokens=12, temperature=0.0)
+    base, tail2 = rand_prompts([100, 9], seed=11)
+    eng, pc = make_engine(model, tokenizer, tmp_path, max_bytes=5 * whole)
+    try:
+        out1 = _tokens(_run_all(eng, [Request("tiny", base, sp)])[0])
+        if len(out1) < 12:
+            pytest.skip(f"the random model stopped after {len(out1)} tokens")
+        s = pc.stats()
+        assert (s["num_full_blocks"], s["num_window_parts_dropped"], s["num_evictions"]) == (7, 4, 0), s
+        turn2 = base + out1 + tail2
+        ev = _run_all(eng, [Request("tiny", turn2, sp)])[0]
+        assert _tokens(ev) == reference(model, turn2, 12, eos)
+        assert _usage(ev).num_cached_tokens == 112, _usage(ev)
+    finally:
+        eng.stop()
+        pc.close(30)
