@@ -341,6 +341,11 @@ class PrefixCacheTiers:
             lease.hit.truncate(num_tokens)
             lease.num_cached_tokens = num_tokens
             lease.num_cached_tokens_cold = lease.hit.num_cached_tokens_cold
+            if self.spec.window_layers and self.spec.hit_end(lease.hit.parts) < num_tokens:  # type: ignore[arg-type]
+                # The shorter hit's window reads parts the hot tier dropped: read them back.
+                if self._refill_window_parts(lease.hit, 0) < num_tokens:
+                    logger.warning("a prefix hit cut to %d tokens reads window parts that are gone; "
+                                   "materializing it will fail", num_tokens)
 
     def materialize(self, lease: Lease) -> None:
         """Fill ``lease.caches`` from its held blocks (after ``acquire(..., materialize=False)``)."""
