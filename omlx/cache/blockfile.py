@@ -10,7 +10,8 @@ The common one is ``kv`` of shape ``(num_layers, 2, n_kv_heads, num_tokens, head
 block-major: the namespace's attention layers in order, keys at ``kv[l, 0]`` and values at
 ``kv[l, 1]``, in the KV dtype (``BF16`` is stored as itself; numpy, which has no bfloat16, sees
 its bits as uint16). Cache layouts with other kinds of layers (``omlx.engine.cache_spec``)
-add or replace tensors: ``k.{layer}`` / ``v.{layer}`` ``(heads, num_tokens, dim)`` when keys
+add or replace tensors: ``win``, the same of the sliding-window layers (a block's *window
+part*; absent from a file written after the hot tier dropped it), ``k.{layer}`` / ``v.{layer}`` ``(heads, num_tokens, dim)`` when keys
 and values differ in shape (MLA), ``X.q`` (``U32``, packed), ``X.scales`` and ``X.biases`` in
 place of a tensor ``X`` of a quantized KV cache (``--kv-bits``), and ``state.{layer}.{i}`` (a recurrent layer's state at the
 block's end; any shape). Every tensor without the ``state.`` prefix has the token axis second
@@ -33,8 +34,10 @@ reader (``safetensors.safe_open``) reads the file. String metadata:
 
 Versions: 1 had per-layer tensors ``layer.{i}.keys|values`` and a sha256 checksum; 2 the same
 tensors with CRC-32; 3 the single block-major tensor (plus, for non-plain cache layouts, the named
-tensors above: their namespaces are new, so no older reader meets them). Files of any other version are deleted
-when met (counted, and summed up in one warning at start), never read.
+tensors above: their namespaces are new, so no older reader meets them); 4 moves sliding-window
+layers out of ``kv`` into ``win`` (a version-3 file of such a model would be misread: its ``kv``
+holds every layer). Files of any other version are deleted when met (counted, and summed up in
+one warning at start), never read; the one-time cost is a prefill of their prompts again.
 
 A block stores only its own tokens, never its prefix: bytes on disk grow linearly with unique
 tokens. A *tail* (``1 .. block_size - 1`` tokens after the last full block of a sequence) is a
@@ -83,7 +86,7 @@ __all__ = [
     "write_file_atomic",
 ]
 
-SSD_FORMAT_VERSION = 3
+SSD_FORMAT_VERSION = 4
 """Version of the block file layout; files of any other version are deleted when met."""
 
 FORMAT_NAME = "omlx.kv_block"

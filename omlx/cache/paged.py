@@ -21,6 +21,10 @@ Model (compare vLLM ``v1/core/block_pool.py`` and SGLang ``radix_cache.py``):
   stored twice.
 * A block with ``ref_count == 0`` stays cached and is evictable once it is a leaf (no cached
   child). Leaves go in LRU order; at equal recency tails go first, then deeper blocks.
+* On a model with sliding-window layers a block's payload has a separately droppable *window
+  part* (those layers' KV, :class:`WindowParts`). Under pressure the pool drops the window
+  parts that no hit at the end of a cached chain can read before it evicts any leaf (the rule:
+  :meth:`BlockPool.window_droppable`).
 
 Not thread-safe: one engine thread owns a pool.
 """
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 
 from omlx.cache.hashing import HASH_NUM_BYTES, Namespace, hash_block
 
-__all__ = ["BlockPool", "KVBlock", "PoolStats", "PrefixHit"]
+__all__ = ["BlockPool", "KVBlock", "PoolStats", "PrefixHit", "WindowParts"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +72,9 @@ class KVBlock:
         last_access: Pool clock value of the last lookup hit, acquire or release (a
             monotonic counter, not wall time).
         num_hits: Number of lookups that reused this block.
+        window_bytes: Bytes of the payload's window part (included in ``num_bytes``); 0 when
+            the pool has no :class:`WindowParts`, or the part was dropped or never there
+            (a block restored from a file written without it).
     """
 
     block_id: int
@@ -82,6 +89,7 @@ class KVBlock:
     payload: object | None = None
     last_access: int = 0
     num_hits: int = 0
+    window_bytes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -154,6 +162,12 @@ class PoolStats:
         num_cow_copies: Copies made by :meth:`BlockPool.writable`.
         num_dropped_tails: Tails dropped because a longer sibling made them redundant (at once
             when unheld, else when their last holder releases them).
+        num_window_bytes: Bytes of live blocks' window parts (part of ``num_bytes``).
+        num_window_parts_dropped: Window parts dropped under pressure (see
+            :meth:`BlockPool.window_droppable`).
+        num_window_bytes_dropped: Bytes those parts held.
+        num_window_parts_restored: Window parts put back into held blocks
+            (:meth:`BlockPool.restore_window_part`, from the cold tier).
     """
 
     num_blocks: int
@@ -174,6 +188,10 @@ class PoolStats:
     num_rejected: int
     num_cow_copies: int
     num_dropped_tails: int
+    num_window_bytes: int = 0
+    num_window_parts_dropped: int = 0
+    num_window_bytes_dropped: int = 0
+    num_window_parts_restored: int = 0
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -215,6 +233,29 @@ def _supersedes(sibling: KVBlock, tail: KVBlock, slack: int = TAIL_SLACK_TOKENS)
     return sibling is not tail and tail_superseded(sibling.token_ids, tail.token_ids, slack)
 
 
+@dataclass(frozen=True, slots=True)
+class WindowParts:
+    """How a pool sees the window part of its payloads (a model with sliding-window layers).
+
+    The pool stays payload-agnostic: the engine says how many bytes a payload's window part
+    holds and how to drop it (``omlx.engine.cache_spec``).
+
+    Attributes:
+        reach_tokens: ``W - keep`` (the largest over the window layers): a hit ending at
+            position ``e > W`` reads the window parts of tokens ``[e - reach_tokens, e)``.
+        keep_tokens: ``keep`` sink tokens (the largest): every hit reads tokens ``[0, keep)``,
+            so a block holding any of them never drops its window part.
+        num_bytes: payload -> bytes of its window part (0 when it has none).
+        drop: payload -> the payload without its window part (a new object; the old one may
+            still be read by a holder's parts, it is never changed in place).
+    """
+
+    reach_tokens: int
+    keep_tokens: int
+    num_bytes: Callable[[object], int]
+    drop: Callable[[object], object]
+
+
 def _evict_key(block: KVBlock) -> _HeapEntry:
     """Eviction order: least recent first; at equal recency tails, then deeper blocks."""
     return (block.last_access, 0 if block.is_tail else 1, -block.block_index, block.block_id)
@@ -241,6 +282,8 @@ class BlockPool:
             :func:`copy.deepcopy`.
         tail_slack_tokens: A tail is dropped once a longer sibling agrees with all but this
             many of its last tokens (`tail_superseded`); negative: tails are never dropped so.
+        window_parts: How payloads' window parts are measured and dropped (a model with
+            sliding-window layers), or ``None``: payloads are whole or gone.
 
     Raises:
         ValueError: ``max_bytes < 0`` or ``block_size < 1``.
@@ -254,6 +297,7 @@ class BlockPool:
         on_evict: EvictCallback | None = None,
         copy_payload: PayloadCopier | None = None,
         tail_slack_tokens: int = TAIL_SLACK_TOKENS,
+        window_parts: WindowParts | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -263,6 +307,11 @@ class BlockPool:
         self._max_bytes = max_bytes
         self._copy_payload: PayloadCopier = copy_payload or copy.deepcopy
         self._tail_slack = int(tail_slack_tokens)
+        self._window_parts = window_parts
+        self._num_window_bytes = 0
+        self._num_window_parts_dropped = 0
+        self._num_window_bytes_dropped = 0
+        self._num_window_parts_restored = 0
         self._blocks: dict[int, KVBlock] = {}
         self._full: dict[bytes, KVBlock] = {}
         self._tails: dict[bytes, KVBlock] = {}
@@ -303,6 +352,11 @@ class BlockPool:
     def tail_slack_tokens(self) -> int:
         """See the constructor; negative: tails are never dropped for a longer sibling."""
         return self._tail_slack
+
+    @property
+    def window_parts(self) -> WindowParts | None:
+        """See the constructor."""
+        return self._window_parts
 
     def lookup(
         self,
@@ -606,23 +660,26 @@ class BlockPool:
             num_bytes=block.num_bytes,
             payload=payload,
             last_access=self._tick(),
+            window_bytes=block.window_bytes,
         )
         self._blocks[clone.block_id] = clone
         self._num_bytes += clone.num_bytes
+        self._num_window_bytes += clone.window_bytes
         self._num_cow_copies += 1
         self.release([block])
         return clone
 
     def evict(self, num_bytes: int) -> int:
-        """Evict leaves in LRU order until at least ``num_bytes`` are freed or none is left.
+        """Free at least ``num_bytes``: drop droppable window parts (:meth:`window_droppable`),
+        then evict leaves in LRU order, until enough is freed or nothing is left.
 
-        Use it under memory pressure; registration evicts by itself.
+        Use it under memory pressure; registration makes room the same way by itself.
 
         Returns:
             Bytes freed (may be less than asked, or more by up to one block).
         """
         _check_num_bytes(num_bytes)
-        freed = 0
+        freed = self._drop_window_parts(num_bytes)
         while freed < num_bytes:
             block = self._evict_one(protect=None)
             if block is None:
@@ -685,7 +742,111 @@ class BlockPool:
             num_rejected=self._num_rejected,
             num_cow_copies=self._num_cow_copies,
             num_dropped_tails=self._num_dropped_tails,
+            num_window_bytes=self._num_window_bytes,
+            num_window_parts_dropped=self._num_window_parts_dropped,
+            num_window_bytes_dropped=self._num_window_bytes_dropped,
+            num_window_parts_restored=self._num_window_parts_restored,
         )
+
+    def window_droppable(self) -> list[KVBlock]:
+        """The blocks whose window part may be dropped now, in the order they go.
+
+        Only with :class:`WindowParts`. A block's window part is droppable when all of these hold
+        (``end(b) = b.block_index * block_size + b.num_tokens``, one past its last position):
+
+        1. it is a registered full block with its window part, held or not: a holder reads a
+           block's payload only through the payload object its lookup captured, and dropping
+           makes a new object without ever changing the old one (a lease not yet materialized
+           keeps the bytes alive until it is); a running request holds its whole chain, and
+           its own next hit is at its chain's end;
+        2. it holds no sink token: ``block_index * block_size >= keep_tokens``;
+        3. every cached chain through it goes on for at least ``reach_tokens`` tokens past it:
+           it has a registered child, and every registered leaf ``L`` below it (a full block or
+           tail without registered children) has ``end(L) - end(block) >= reach_tokens``.
+
+        So a hit ending where any cached chain ends (a conversation's next turn) never needs a
+        dropped part: its window reads ``[end(L) - reach_tokens, end(L))``, after the block. A
+        hit ending inside a chain less than ``reach_tokens`` tokens after a dropped part is
+        cut back to where every part its window reads is present (``CacheSpec.hit_end``).
+
+        Order: least recently used first; then the block nearer the start; then block id.
+        O(number of blocks).
+        """
+        wp = self._window_parts
+        if wp is None or self._num_window_bytes == 0:
+            return []
+        bs = self._block_size
+        registered = sorted((b for b in self._blocks.values() if b.is_registered), key=lambda b: -b.block_index)
+        min_end: dict[int, int] = {}  # block id -> smallest end of a registered leaf below it (or itself)
+        out: list[KVBlock] = []
+        for b in registered:  # children (index + 1) before their parent
+            end = b.block_index * bs + b.num_tokens
+            kids = None if b.is_tail else self._children.get(b.block_hash)  # type: ignore[arg-type]
+            if not kids:
+                min_end[b.block_id] = end
+                continue
+            m = min(min_end[c.block_id] for c in kids.values())
+            min_end[b.block_id] = m
+            if b.window_bytes > 0 and b.block_index * bs >= wp.keep_tokens and m - end >= wp.reach_tokens:
+                out.append(b)
+        out.sort(key=lambda b: (b.last_access, b.block_index, b.block_id))
+        return out
+
+    def restore_window_part(self, block: KVBlock, payload: object) -> bool:
+        """Give a held block whose window part was dropped a payload that has it again (read
+        back from the cold tier), making room as registration does.
+
+        Returns:
+            False (nothing changed) when the part does not fit the budget.
+
+        Raises:
+            ValueError: no :class:`WindowParts`, the block is not live or not held, it still has
+                its window part, or ``payload`` has none.
+        """
+        wp = self._window_parts
+        self._check_live(block)
+        if wp is None or block.ref_count < 1 or block.window_bytes:
+            raise ValueError(f"block {block.block_id}: restore a window part only into a held block without one")
+        n = int(wp.num_bytes(payload))
+        if n <= 0:
+            raise ValueError("the payload has no window part")
+        if not self._make_room(n, protect=None):
+            self._num_rejected += 1
+            return False
+        block.payload = payload
+        block.num_bytes += n
+        block.window_bytes = n
+        self._num_bytes += n
+        self._num_window_bytes += n
+        self._num_window_parts_restored += 1
+        return True
+
+    def _drop_window_parts(self, num_bytes: int) -> int:
+        """Drop droppable window parts (:meth:`window_droppable` order) until ``num_bytes``
+        are freed or none is left; returns the bytes freed."""
+        freed = 0
+        if num_bytes <= 0:
+            return 0
+        for block in self.window_droppable():
+            if freed >= num_bytes:
+                break
+            freed += self._drop_window_part(block)
+        return freed
+
+    def _drop_window_part(self, block: KVBlock) -> int:
+        wp = self._window_parts
+        assert wp is not None
+        n = block.window_bytes
+        block.payload = wp.drop(block.payload)
+        block.num_bytes -= n
+        block.window_bytes = 0
+        self._num_bytes -= n
+        self._num_window_bytes -= n
+        if block.is_registered and block.ref_count == 0:
+            self._num_free_bytes -= n
+        self._num_window_parts_dropped += 1
+        self._num_window_bytes_dropped += n
+        return n
 
     def _tick(self) -> int:
         self._clock += 1
@@ -736,6 +897,11 @@ class BlockPool:
         *,
         is_tail: bool,
     ) -> KVBlock | None:
+        window_bytes = 0
+        if self._window_parts is not None and payload is not None:
+            window_bytes = int(self._window_parts.num_bytes(payload))
+            if not 0 <= window_bytes <= num_bytes:
+                raise ValueError(f"window part of {window_bytes} bytes in a payload of {num_bytes}")
         if not self._make_room(num_bytes, protect=parent):
             self._num_rejected += 1
             return None
@@ -751,11 +917,13 @@ class BlockPool:
             num_bytes=num_bytes,
             payload=payload,
             last_access=self._tick(),
+            window_bytes=window_bytes,
         )
         self._blocks[block.block_id] = block
         (self._tails if is_tail else self._full)[block_hash] = block
         self._children.setdefault(parent_key, {})[block.block_id] = block
         self._num_bytes += num_bytes
+        self._num_window_bytes += window_bytes
         return block
 
     def _drop_tails_covered_by(self, block: KVBlock) -> None:
@@ -775,7 +943,12 @@ class BlockPool:
         return any(_supersedes(s, tail, self._tail_slack) for s in siblings.values())
 
     def _make_room(self, num_bytes: int, *, protect: KVBlock | None) -> bool:
-        """Evict until ``num_bytes`` more fit; False (evicting nothing if foreseeable) if not."""
+        """Drop droppable window parts, then evict leaves, until ``num_bytes`` more fit; False
+        (evicting no leaf if foreseeable) if not."""
+        if self._num_bytes + num_bytes <= self._max_bytes:
+            return True
+        # Window parts no chain end reads go before any leaf (window_droppable), held ones too.
+        self._drop_window_parts(self._num_bytes + num_bytes - self._max_bytes)
         if self._num_bytes + num_bytes <= self._max_bytes:
             return True
         reclaimable = self._num_free_bytes
@@ -861,3 +1034,4 @@ class BlockPool:
             self._unindex(block)
         del self._blocks[block.block_id]
         self._num_bytes -= block.num_bytes
+        self._num_window_bytes -= block.window_bytes

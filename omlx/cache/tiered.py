@@ -18,6 +18,13 @@ the cold tier (``omlx.cache.ssd.SSDStore``, disk):
   (:class:`RestoreCostModel`); the decision is logged.
 * **Flush** on close: the hot tier's registered blocks and tails are written back so a clean
   restart restores everything.
+* **Window parts** (sliding-window models): the cold tier keeps whole blocks. The write-through
+  copy is queued when a block is registered, before the hot tier can drop its window part, and a
+  file is never rewritten to drop one: the disk budget is many times the hot one, and a rewrite
+  would cost a write and an fsync to save disk the budget already manages. A block written back
+  after its window part was dropped (write-through off, or its low-priority write lost) is
+  written without it; a hit restored from such a file is cut back like a hot one
+  (``CacheSpec.hit_end``).
 
 Pure Python: payloads are opaque, a :class:`PayloadCodec` from the engine turns them into
 numpy :class:`HostBlock` and back, always on the calling (engine) thread. It must not import
@@ -444,6 +451,37 @@ class TieredCache:
         return self.pool.register(self.namespace, item.parent_hash, item.token_ids, payload, num_bytes,
                                   block_hash=item.block_hash)
 
+    def read_cold(self, block: KVBlock) -> tuple[object, int] | None:
+        """A registered block's payload as the cold tier holds it (its write queue, else its
+        file, validated), converted by the codec; None when it has none or the read fails.
+        Counted as a restore (bytes, time, read bandwidth)."""
+        store, h = self.store, block.block_hash
+        if store is None or h is None:
+            return None
+        t0 = time.monotonic()
+        host = store.pending(h)
+        if host is None:
+            if not store.contains(h):
+                return None
+            host = store.read(h, block.parent_hash, block.token_ids)
+            if host is None:
+                self.num_restore_failures += 1
+                return None
+        payload, num_bytes = self.codec.from_host(host)
+        elapsed = time.monotonic() - t0
+        self.restore_s += elapsed
+        self.cost.observe_read(host.num_bytes, elapsed)
+        self.num_restored_bytes += host.num_bytes
+        return payload, num_bytes
+
+    def cold_bytes(self, block: KVBlock) -> int | None:
+        """Bytes the cold tier holds for a registered block (queued or on disk), or None."""
+        store, h = self.store, block.block_hash
+        if store is None or h is None:
+            return None
+        queued = store.pending(h)
+        return queued.num_bytes if queued is not None else store.file_bytes(h)
+
     def _submit_read(self, item: _Planned) -> Future[HostBlock | None]:
         assert self.store is not None
         queued = self.store.pending(item.block_hash)
@@ -598,6 +636,8 @@ class TieredCache:
             host = self.codec.to_host(block.payload)
         except Exception:
             logger.exception("cold KV cache: cannot convert block %d for disk", block.block_id)
+            return
+        if not host.tensors:  # a window-only model's block whose window part was dropped: nothing to keep
             return
         if host.dtype != store.dtype:
             if not self._warned_dtype:

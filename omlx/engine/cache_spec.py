@@ -7,8 +7,11 @@ split a hybrid model into layer groups:
 - **attention** (``KVCache``): per-token keys and values; every token's KV is kept.
 - **window** (``RotatingKVCache``, window ``W``, ``keep`` sink tokens): per-token as well, but
   the cache holds only the last ``W`` tokens (plus the first ``keep``); a prefill leaves up to
-  ``W - 1 + chunk`` in temporal order. Blocks store every token's KV like attention layers;
-  restoring needs only the tokens the window still covers.
+  ``W - 1 + chunk`` in temporal order. Blocks store every token's KV like attention layers,
+  as a *window part* of their own that the hot tier may drop (``omlx.cache.paged.WindowParts``):
+  restoring a hit that ends at ``e`` reads only the window parts of tokens ``[0, keep)`` and
+  ``[e - (W - keep), e)`` (all of ``[0, e)`` when ``e <= W``); `CacheSpec.hit_end` cuts a hit
+  back to where every window part it reads is present.
 - **quantized** (``QuantizedKVCache``, omlx's `omlx.engine.quant_cache.QuantKVCache`, from
   ``--kv-bits``): attention whose per-token keys and values are kept quantized (``bits``,
   ``group_size``); blocks hold the packed arrays with their scales and biases.
@@ -18,10 +21,11 @@ split a hybrid model into layer groups:
   that ends there; a prefix hit on such a model may end only at a block that carries one.
 
 A block's payload is a dict of mlx arrays. Per-token tensors have the token axis second to
-last: ``"kv"`` is ``(num_token_layers, 2, n_kv_heads, num_tokens, head_dim)`` when every
-attention/window layer shares keys' and values' ``(heads, head_dim)`` (keys at ``[:, 0]``);
-otherwise (MLA: keys and values differ in head dim) ``"k.{layer}"`` / ``"v.{layer}"``, each
-``(heads, num_tokens, dim)``. Snapshot tensors are ``"state.{layer}.{i}"`` (the i-th array
+last: ``"kv"`` is ``(num_attention_layers, 2, n_kv_heads, num_tokens, head_dim)`` and ``"win"``
+the same of the window layers (the window part, absent once dropped) when every
+attention/window layer shares keys' and values' ``(heads, head_dim)`` (keys at ``[:, 0]``), each
+in layer order; otherwise (MLA: keys and values differ in head dim) ``"k.{layer}"`` /
+``"v.{layer}"``, each ``(heads, num_tokens, dim)`` (the window part: those of window layers). Snapshot tensors are ``"state.{layer}.{i}"`` (the i-th array
 of that layer's ``ArraysCache``, batch axis kept, any shape and dtype). Quantized layers replace
 each per-token tensor ``X`` by three, ``X.q`` (packed ``uint32``, ``(…, num_tokens, dim * bits
 / 32)``), ``X.scales`` and ``X.biases`` (``(…, num_tokens, dim / group_size)``, the model's
@@ -47,6 +51,7 @@ from omlx.errors import OmlxError
 
 ATTENTION, WINDOW, QUANTIZED, STATE = "attention", "window", "quantized", "state"
 STATE_PREFIX = "state."
+WINDOW_TENSOR = "win"
 QUANT_PARTS = ("q", "scales", "biases")
 
 Payload = dict[str, mx.array]
@@ -219,6 +224,39 @@ class CacheSpec:
         return [i for i, s in enumerate(self.layers) if s.kind != STATE]
 
     @property
+    def window_layers(self) -> list[int]:
+        return [i for i, s in enumerate(self.layers) if s.kind == WINDOW]
+
+    @property
+    def window_reach(self) -> tuple[int, int]:
+        """(``max(W - keep)``, ``max(keep)``) over the window layers ((0, 0) without any): a hit
+        ending at ``e`` reads the window parts of tokens ``[0, keep)`` and ``[e - reach, e)``."""
+        win = [self.layers[i] for i in self.window_layers]
+        return max((s.window - s.keep for s in win), default=0), max((s.keep for s in win), default=0)
+
+    def window_names(self, payload: Payload) -> list[str]:
+        """Names of ``payload``'s window part (empty when dropped or the model has none)."""
+        if not self.window_layers:
+            return []
+        if WINDOW_TENSOR in payload:
+            return [WINDOW_TENSOR]
+        return [n for i in self.window_layers for n in (f"k.{i}", f"v.{i}") if n in payload]
+
+    def has_window_part(self, payload: Payload) -> bool:
+        """Whether ``payload`` holds its window layers' KV (always True without window layers)."""
+        return not self.window_layers or bool(self.window_names(payload))
+
+    def window_part_bytes(self, payload: Payload) -> int:
+        """Bytes of ``payload``'s window part (0 when dropped or the model has none)."""
+        return int(sum(payload[n].nbytes for n in self.window_names(payload)))
+
+    def drop_window_part(self, payload: Payload) -> Payload:
+        """A new payload without the window part (``payload`` itself is not changed: a lease
+        may still read it)."""
+        names = set(self.window_names(payload))
+        return {k: v for k, v in payload.items() if k not in names}
+
+    @property
     def state_layers(self) -> list[int]:
         return [i for i, s in enumerate(self.layers) if s.kind == STATE]
 
@@ -281,6 +319,9 @@ class CacheSpec:
             return keys[0, :, lo : lo + b - a], values[0, :, lo : lo + b - a]
 
         uniform = self._uniform(caches)
+        # Indices into ``tok`` of the attention layers and of the window layers (the window part).
+        attn = [j for j, i in enumerate(tok) if self.layers[i].kind != WINDOW]
+        win = [j for j, i in enumerate(tok) if self.layers[i].kind == WINDOW]
 
         def payload(a: int, b: int) -> Payload:
             out: Payload = {}
@@ -292,8 +333,10 @@ class CacheSpec:
                             flat = mx.stack([side[j] for pair in pairs for side in pair])
                             out[f"kv.{part}"] = flat.reshape(len(tok), 2, *flat.shape[1:])
                     else:
-                        flat = mx.stack([x for pair in pairs for x in pair])
-                        out["kv"] = flat.reshape(len(tok), 2, *flat.shape[1:])
+                        for name, group in (("kv", attn), (WINDOW_TENSOR, win)):
+                            if group:
+                                flat = mx.stack([x for j in group for x in pairs[j]])
+                                out[name] = flat.reshape(len(group), 2, *flat.shape[1:])
                 else:
                     for i, (k, v) in zip(tok, pairs):
                         if isinstance(k, tuple):
@@ -328,50 +371,70 @@ class CacheSpec:
 
     def materialize(self, parts: Sequence[tuple[Payload, int]]) -> list[Any]:
         """Fresh per-layer caches holding the prefix the parts cover, as a prefill of the same
-        tokens leaves them for every later token (window layers: the last ``W`` tokens and the
-        ``keep`` first; state layers: the snapshot of the last part).
+        tokens leaves them for every later token (window layers: the last ``W - keep`` tokens
+        and the ``keep`` first, read from the parts that hold them, so the other parts may
+        lack their window part; state layers: the snapshot of the last part).
 
         Args:
             parts: ``(payload, tokens used)`` in sequence order; with state layers the last
-                payload must carry a snapshot and be used whole.
+                payload must carry a snapshot and be used whole. A part may lack its window
+                part only where `hit_end` allows.
 
         Raises:
-            ValueError: a state model's last part has no snapshot.
+            ValueError: a state model's last part has no snapshot, or a part the window layers
+                read lacks its window part.
         """
+        num_tokens = sum(n for _, n in parts)
+        window = {WINDOW_TENSOR} | {f"{kv}.{i}" for i in self.window_layers for kv in "kv"}
         joined: dict[str, mx.array] = {}
-        names = [k for k in parts[0][0] if not k.startswith(STATE_PREFIX)]
+        names = [k for k in parts[0][0] if not k.startswith(STATE_PREFIX) and k not in window]
         for name in names:
             pieces = []
             for payload, n in parts:
                 x = payload[name]
                 pieces.append(x if n == x.shape[-2] else x[..., :n, :])
             joined[name] = mx.concatenate(pieces, axis=-2) if len(pieces) > 1 else pieces[0]
-        num_tokens = sum(n for _, n in parts)
         caches = self.make_cache()
         kvs = joined.get("kv")
         qkvs = [joined[f"kv.{p}"] for p in QUANT_PARTS] if "kv.q" in joined else None
-        for j, i in enumerate(self.token_layers):
+        reach, keep = self.window_reach
+        wins = _gather(parts, WINDOW_TENSOR, num_tokens, reach, keep) if self.window_layers and \
+            WINDOW_TENSOR in parts[-1][0] else None
+        j_attn = j_win = 0
+        for i in self.token_layers:
             c, spec = caches[i], self.layers[i]
             if spec.kind == QUANTIZED:
                 if qkvs is not None:
-                    qk, qv = tuple(x[j, 0][None] for x in qkvs), tuple(x[j, 1][None] for x in qkvs)
+                    qk, qv = tuple(x[j_attn, 0][None] for x in qkvs), tuple(x[j_attn, 1][None] for x in qkvs)
                 else:
                     qk = tuple(joined[f"k.{i}.{p}"][None] for p in QUANT_PARTS)
                     qv = tuple(joined[f"v.{i}.{p}"][None] for p in QUANT_PARTS)
+                j_attn += 1
                 c.state = (qk, qv, num_tokens, spec.group_size, spec.bits)
                 continue
-            if kvs is not None:
-                k, v = kvs[j, 0][None], kvs[j, 1][None]
-            else:
-                k, v = joined[f"k.{i}"][None], joined[f"v.{i}"][None]
             if spec.kind == ATTENTION:
+                if kvs is not None:
+                    k, v = kvs[j_attn, 0][None], kvs[j_attn, 1][None]
+                else:
+                    k, v = joined[f"k.{i}"][None], joined[f"v.{i}"][None]
+                j_attn += 1
                 c.state = (k, v, num_tokens)
+                continue
+            # A window layer: the tokens [0, keep) and [e - (W - keep), e) of the gathered
+            # window tensor, whose positions are [0, head) then [first, e).
+            if wins is not None:
+                x, head, first = wins
+                k, v = x[j_win, 0][None], x[j_win, 1][None]
             else:
-                if num_tokens > spec.window:
-                    tail = spec.window - spec.keep
-                    k = mx.concatenate([k[:, :, : spec.keep], k[:, :, num_tokens - tail :]], axis=2)
-                    v = mx.concatenate([v[:, :, : spec.keep], v[:, :, num_tokens - tail :]], axis=2)
-                c.state = (k, v, num_tokens, spec.keep, spec.window, k.shape[2])
+                kx, head, first = _gather(parts, f"k.{i}", num_tokens, spec.window - spec.keep, spec.keep)
+                vx, _, _ = _gather(parts, f"v.{i}", num_tokens, spec.window - spec.keep, spec.keep)
+                k, v = kx[None], vx[None]
+            j_win += 1
+            if num_tokens > spec.window:
+                lo = head + (num_tokens - (spec.window - spec.keep)) - first
+                k = mx.concatenate([k[:, :, : spec.keep], k[:, :, lo:]], axis=2)
+                v = mx.concatenate([v[:, :, : spec.keep], v[:, :, lo:]], axis=2)
+            c.state = (k, v, num_tokens, spec.keep, spec.window, k.shape[2])
         last, used = parts[-1]
         for i in self.state_layers:
             arrays = [last.get(f"{STATE_PREFIX}{i}.{j}") for j in range(self.layers[i].num_arrays)]
@@ -383,16 +446,65 @@ class CacheSpec:
         return caches
 
     def hit_end(self, parts: Sequence[tuple[Payload, int]]) -> int:
-        """Tokens of the longest usable prefix of a hit's parts: all of them without state
-        layers; with state layers, up to the last part used whole that carries a snapshot."""
-        if not self.has_state:
-            return sum(n for _, n in parts)
-        end, total = 0, 0
+        """Tokens of the longest usable prefix of a hit's parts (``(payload, tokens used)`` in
+        sequence order): the largest end ``e`` such that
+
+        - with state layers, ``e`` ends a part used whole that carries a snapshot (else any
+          ``e`` up to the parts' tokens);
+        - with window layers, every part overlapping the positions a window layer reads at
+          ``e`` has its window part: ``[0, min(keep, e))`` and ``[max(0, e - (W - keep)), e)``
+          (``keep``: the largest over the window layers, ``W - keep`` likewise). Attention
+          parts are never dropped, so every part before ``e`` has those.
+
+        0 when no such end is left.
+        """
+        grand = sum(n for _, n in parts)
+        ends: list[int] = [] if self.has_state else [grand]  # candidates
+        starts: list[tuple[int, int]] = []  # [start, end) of the parts without their window part
+        total = 0
         for payload, n in parts:
+            if self.window_layers and not self.has_window_part(payload):
+                starts.append((total, total + n))
+                if not self.has_state:
+                    ends.append(total)
             total += n
-            if n == _payload_tokens(payload) and has_snapshot(payload):
-                end = total
-        return end
+            if self.has_state and n == _payload_tokens(payload) and has_snapshot(payload):
+                ends.append(total)
+        reach, keep = self.window_reach
+        for e in sorted(ends, reverse=True):
+            lo = max(0, e - reach)
+            if all(a >= e or (b <= lo and a >= min(keep, e)) for a, b in starts):
+                return e
+        return 0
+
+
+def _gather(parts: Sequence[tuple[Payload, int]], name: str, num_tokens: int, reach: int,
+            keep: int) -> tuple[mx.array, int, int]:
+    """The tensor ``name`` of the parts at the positions a window layer reads at ``num_tokens``
+    (``[0, keep)`` and ``[num_tokens - reach, num_tokens)``, or all of them when these meet),
+    concatenated on the token axis (-2), and ``(head, first)``: the array holds positions
+    ``[0, head)`` then ``[first, num_tokens)``.
+
+    Raises:
+        ValueError: a part holding a read position lacks ``name`` (its window part was dropped
+            where `CacheSpec.hit_end` would not have allowed).
+    """
+    first = max(0, num_tokens - reach)
+    head = min(keep, first)
+    pieces = []
+    pos = 0
+    for payload, n in parts:
+        a, b = pos, pos + n
+        pos = b
+        for lo, hi in ((0, head), (first, num_tokens)):
+            lo, hi = max(lo, a), min(hi, b)
+            if lo >= hi:
+                continue
+            x = payload.get(name)
+            if x is None:
+                raise ValueError(f"the window layers read positions {lo}..{hi - 1}, whose block lost its window part")
+            pieces.append(x[..., lo - a : hi - a, :])
+    return (mx.concatenate(pieces, axis=-2) if len(pieces) > 1 else pieces[0]), head, first
 
 
 def has_snapshot(payload: Payload) -> bool:

@@ -15,7 +15,9 @@ tensor). Storing a block is one stack of the layers' slices; materializing a req
 concatenate along the token axis, then per-layer views set as each cache's state. Those views
 have no free room, so mlx-lm's next update concatenates into a fresh buffer: the hot tier's
 arrays are never written through. Sliding-window layers store every token like attention
-layers and restore the tokens their window covers; recurrent-state layers (SSM, gated
+layers, in a window part of the payload that the hot tier drops first under pressure where no
+chain end's window reads it (`window_parts`, ``BlockPool.window_droppable``), and restore the
+tokens their window covers (a hit is cut back to where those are all present); recurrent-state layers (SSM, gated
 delta-net) attach a snapshot to the block ending where it was taken, and a hit on such a model
 is cut back to the last block that carries one (`CacheSpec.hit_end`).
 
@@ -42,7 +44,7 @@ import psutil
 
 from omlx.cache.blockfile import DTYPES, PACKED_DTYPE, STATE_PREFIX, HostBlock
 from omlx.cache.hashing import BlockHashes, Namespace, make_kv_format, model_fingerprint, tokenizer_hash
-from omlx.cache.paged import TAIL_SLACK_TOKENS, BlockPool
+from omlx.cache.paged import TAIL_SLACK_TOKENS, BlockPool, WindowParts
 from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
 from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPolicy
 from omlx.config import ServerConfig
@@ -223,6 +225,8 @@ class PrefixCacheTiers:
     num_whole_prompt_hits: int = 0
     num_snapshots: int = 0
     num_hits_cut_to_snapshot: int = 0
+    num_hits_cut_to_window: int = 0
+    num_window_parts_refilled: int = 0
 
     def __post_init__(self) -> None:
         tiers = self.tiers
@@ -260,8 +264,13 @@ class PrefixCacheTiers:
         with self._lock:
             hit = self.tiers.acquire(token_ids, whole=whole, block_hashes=hashes.hashes)
             usable = self.spec.hit_end(hit.parts)
+            if usable < hit.num_cached_tokens and self.spec.window_layers:
+                usable = self._refill_window_parts(hit, usable)
             if usable < hit.num_cached_tokens:  # a state model resumes only from a snapshot
-                self.num_hits_cut_to_snapshot += 1
+                if all(self.spec.has_window_part(p) for p, _ in hit.parts):  # type: ignore[arg-type]
+                    self.num_hits_cut_to_snapshot += 1
+                else:  # a block the window layers read lost its window part
+                    self.num_hits_cut_to_window += 1
                 hit.truncate(usable)
             n = hit.num_cached_tokens
             is_whole = whole and n == len(token_ids)
@@ -274,6 +283,45 @@ class PrefixCacheTiers:
                 raise
         return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole, block_hashes=hashes,
                      num_registered_blocks=hit.num_full_blocks)
+
+    def _refill_window_parts(self, hit: TieredHit, usable: int) -> int:
+        """Read back from the cold tier the window parts a hit's window reads that the hot tier
+        dropped, when that is cheaper than prefilling the tokens it would lose
+        (`RestoreCostModel`); returns the hit's usable end after (`CacheSpec.hit_end`).
+
+        Only hot blocks the hit holds are refilled (their cold copy has the part: written
+        through before it was dropped); the refilled payload replaces the part in ``hit.parts``.
+        """
+        n = hit.num_cached_tokens
+        reach, keep = self.spec.window_reach
+        lo, head = max(0, n - reach), min(keep, n)
+        wanted: list[tuple[int, Any]] = []  # (index in parts, held block)
+        pos = 0
+        for i, (payload, used) in enumerate(hit.parts):
+            a, pos = pos, pos + used
+            if (a < head or (pos > lo and a < n)) and not self.spec.has_window_part(payload):  # type: ignore[arg-type]
+                block = next((b for b in hit.held if b.payload is payload), None)
+                if block is None:
+                    return usable
+                wanted.append((i, block))
+        sizes = [self.tiers.cold_bytes(b) for _, b in wanted]
+        if not wanted or any(x is None for x in sizes):
+            return usable
+        if not self.tiers.cost.decide(sum(sizes), n - usable).restore:  # type: ignore[arg-type]
+            return usable
+        for i, block in wanted:
+            got = self.tiers.read_cold(block)
+            if got is None:
+                break
+            names = self.spec.window_names(got[0])  # type: ignore[arg-type]
+            if not names:
+                break  # written after its window part was dropped
+            merged = {**block.payload, **{k: got[0][k] for k in names}}  # type: ignore[index, dict-item]
+            if not self.pool.restore_window_part(block, merged):
+                break
+            hit.parts[i] = (merged, hit.parts[i][1])
+            self.num_window_parts_refilled += 1
+        return self.spec.hit_end(hit.parts)  # type: ignore[arg-type]
 
     def truncate(self, lease: Lease, num_tokens: int) -> None:
         """Cut an unmaterialized lease to its first ``num_tokens`` tokens (exact; see
@@ -293,6 +341,11 @@ class PrefixCacheTiers:
             lease.hit.truncate(num_tokens)
             lease.num_cached_tokens = num_tokens
             lease.num_cached_tokens_cold = lease.hit.num_cached_tokens_cold
+            if self.spec.window_layers and self.spec.hit_end(lease.hit.parts) < num_tokens:  # type: ignore[arg-type]
+                # The shorter hit's window reads parts the hot tier dropped: read them back.
+                if self._refill_window_parts(lease.hit, 0) < num_tokens:
+                    logger.warning("a prefix hit cut to %d tokens reads window parts that are gone; "
+                                   "materializing it will fail", num_tokens)
 
     def materialize(self, lease: Lease) -> None:
         """Fill ``lease.caches`` from its held blocks (after ``acquire(..., materialize=False)``)."""
@@ -519,6 +572,11 @@ class PrefixCacheTiers:
             "cache_layout": self.spec.describe(),
             "num_snapshots": self.num_snapshots,
             "num_hits_cut_to_snapshot": self.num_hits_cut_to_snapshot,
+            "num_window_bytes": s.num_window_bytes,
+            "num_window_parts_dropped": s.num_window_parts_dropped,
+            "num_window_bytes_dropped": s.num_window_bytes_dropped,
+            "num_hits_cut_to_window": self.num_hits_cut_to_window,
+            "num_window_parts_refilled": self.num_window_parts_refilled,
             "num_next_logprobs": len(self._next_logprobs),
             "num_next_logprobs_bytes": self._num_logprobs_bytes,
         }
@@ -557,7 +615,8 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
     # A recurrent model resumes only at a snapshot, which stands at a block's or tail's end:
     # tails are never dropped for a longer sibling, and a hit's last part is used whole.
     stateful = spec.has_state
-    pool = BlockPool(max_bytes=max_bytes, block_size=bs, tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS)
+    pool = BlockPool(max_bytes=max_bytes, block_size=bs, tail_slack_tokens=-1 if stateful else TAIL_SLACK_TOKENS,
+                     window_parts=window_parts(spec))
     logger.info("hot KV cache for %s: %s budget, %d-token blocks, namespace %s, cache layout %s",
                 loaded.model_id, format_bytes(max_bytes), bs, ns.digest(), spec.describe())
     if spec.has_state:
@@ -570,6 +629,17 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
     tiers = TieredCache(pool, ns, MlxPayloadCodec(kv_dtype) if kv_dtype in DTYPES else _NoCodec(),
                         store, policy, cost)
     return PrefixCacheTiers(tiers, spec, prefill_note_tokens=_prefill_note_tokens(config), prefill_rate_observed=observed)
+
+
+def window_parts(spec: CacheSpec) -> WindowParts | None:
+    """How the hot tier measures and drops the window part of this layout's payloads
+    (`CacheSpec.window_part_bytes`, `CacheSpec.drop_window_part`), or None without window layers."""
+    if not spec.window_layers:
+        return None
+    reach, keep = spec.window_reach
+    return WindowParts(reach_tokens=reach, keep_tokens=keep,
+                       num_bytes=spec.window_part_bytes,  # type: ignore[arg-type]
+                       drop=spec.drop_window_part)  # type: ignore[arg-type]
 
 
 def _prefill_note_tokens(config: ServerConfig) -> int:
@@ -645,4 +715,5 @@ def _kv_dtype(loaded: LoadedModel) -> str:
     return "float32"
 
 
-__all__ = ["Lease", "MlxPayloadCodec", "PrefixCacheTiers", "make_prefix_cache", "measure_prefill_rate", "model_namespace"]
+__all__ = ["Lease", "MlxPayloadCodec", "PrefixCacheTiers", "make_prefix_cache", "measure_prefill_rate", "model_namespace",
+           "window_parts"]

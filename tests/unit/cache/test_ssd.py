@@ -114,7 +114,7 @@ def test_file_is_plain_safetensors_with_the_documented_metadata(tmp_path: Path):
     assert header["kv"]["dtype"] == "BF16"  # stored as bfloat16, not uint16
     assert header["kv"]["shape"] == [2, 2, 2, BS, 8]
     assert (8 + n) % 8 == 0  # tensor data starts 8-aligned (header padded with spaces)
-    assert meta["format_version"] == str(SSD_FORMAT_VERSION) == "3"
+    assert meta["format_version"] == str(SSD_FORMAT_VERSION) == "4"
     assert meta["layout"] == "layer,kv,head,token,dim"
     assert json.loads(meta["namespace"]) == json.loads(NS.to_json())
     assert meta["parent_hash"] == parent.hex() and meta["block_hash"] == h.hex()
