@@ -39,7 +39,7 @@ __all__ = [
     "tokenizer_hash",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Version of the key and block layout; bump it to orphan every key computed before."""
 
 HASH_NUM_BYTES = 32
@@ -91,6 +91,10 @@ class Namespace:
         layer_start: First layer whose KV the blocks hold (inclusive).
         layer_end: End of the layer range (exclusive); ``layer_end > layer_start``.
         format_version: :data:`FORMAT_VERSION` of the key and block layout.
+        block_size: tokens per full block. It changes no KV value, but every chain key and
+            every tail is cut at its multiples, so blocks of two sizes must never meet (a
+            server started with another ``--block-size`` over the same SSD folder once read
+            a 48-token tail back as a 16-token block and failed to start).
     """
 
     model_fingerprint: str
@@ -99,6 +103,7 @@ class Namespace:
     layer_start: int
     layer_end: int
     format_version: int = FORMAT_VERSION
+    block_size: int = 256
     _key: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,7 +111,7 @@ class Namespace:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"Namespace.{name} must be a non-empty str, got {value!r}")
-        for name in ("layer_start", "layer_end", "format_version"):
+        for name in ("layer_start", "layer_end", "format_version", "block_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"Namespace.{name} must be an int, got {value!r}")
@@ -117,6 +122,8 @@ class Namespace:
             )
         if self.format_version < 1:
             raise ValueError(f"Namespace.format_version must be >= 1, got {self.format_version}")
+        if self.block_size < 1:
+            raise ValueError(f"Namespace.block_size must be >= 1, got {self.block_size}")
         object.__setattr__(self, "_key", hashlib.sha256(self.to_json().encode("ascii")).digest())
 
     def to_json(self) -> str:
@@ -126,6 +133,7 @@ class Namespace:
         and :meth:`from_json` reads it back.
         """
         fields = {
+            "block_size": self.block_size,
             "format_version": self.format_version,
             "kv_format": self.kv_format,
             "layer_end": self.layer_end,
@@ -147,6 +155,7 @@ class Namespace:
         except json.JSONDecodeError as exc:
             raise ValueError(f"namespace metadata is not JSON: {exc}") from exc
         expected = {
+            "block_size",
             "format_version",
             "kv_format",
             "layer_end",

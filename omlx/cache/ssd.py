@@ -867,12 +867,17 @@ def _is_namespace_dir(path: Path) -> bool:
 
 
 def _read_namespace_file(ns_dir: Path) -> tuple[str, Namespace | None]:
+    """(model id, namespace) a folder's namespace file records; the namespace is None when it
+    cannot be read as this version's (an older layout), the model id "" when nothing can."""
     try:
         doc = json.loads((ns_dir / NAMESPACE_FILE).read_text())
-        ns = Namespace.from_json(json.dumps(doc["namespace"]))
-        return str(doc.get("model_id", "")), ns
-    except (OSError, ValueError, KeyError, TypeError):
+        model_id = str(doc.get("model_id", "")) if isinstance(doc, dict) else ""
+    except (OSError, ValueError):
         return "", None
+    try:
+        return model_id, Namespace.from_json(json.dumps(doc["namespace"]))
+    except (ValueError, KeyError, TypeError):
+        return model_id, None
 
 
 def summarize_cache_dir(root: Path) -> list[NamespaceSummary]:

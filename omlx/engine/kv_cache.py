@@ -120,10 +120,11 @@ def weight_shas(path: Path) -> list[str]:
 
 
 def model_namespace(loaded: LoadedModel, kv_dtype: str, layer_range: tuple[int, int] | None = None,
-                    layout: str = "KVCache", kv_quantization: tuple[int, int] | None = None) -> Namespace:
+                    layout: str = "KVCache", kv_quantization: tuple[int, int] | None = None,
+                    block_size: int = 256) -> Namespace:
     """The cache namespace of a loaded model: weights, tokenizer + template, KV format (dtype,
     ``(bits, group size)`` of a quantized KV cache) and cache layout (``"KVCache"`` when every
-    layer is plain attention, else `CacheSpec.describe`), layers."""
+    layer is plain attention, else `CacheSpec.describe`), layers, block size."""
     path = loaded.path
     index_file = path / "model.safetensors.index.json"
     index = json.loads(index_file.read_text()) if index_file.exists() else None
@@ -137,7 +138,7 @@ def model_namespace(loaded: LoadedModel, kv_dtype: str, layer_range: tuple[int, 
     bits, group = kv_quantization or (None, None)
     kv_format = make_kv_format(kv_dtype, bits, group, layout)
     return Namespace(model_fingerprint=fp, tokenizer_hash=th, kv_format=kv_format,
-                     layer_start=start, layer_end=end, format_version=FORMAT_VERSION)
+                     layer_start=start, layer_end=end, format_version=FORMAT_VERSION, block_size=block_size)
 
 
 def default_hot_cache_bytes() -> int:
@@ -609,9 +610,9 @@ def make_prefix_cache(loaded: LoadedModel, config: ServerConfig, *, layer_range:
     max_bytes = config.cache.hot_cache_max_bytes or default_hot_cache_bytes()
     kv_dtype = _kv_dtype(loaded)
     plain = all(layer.kind == ATTENTION for layer in spec.layers)
-    ns = model_namespace(loaded, kv_dtype, layer_range, "KVCache" if plain else spec.describe(),
-                         spec.kv_quantization)
     bs = config.cache.block_size
+    ns = model_namespace(loaded, kv_dtype, layer_range, "KVCache" if plain else spec.describe(),
+                         spec.kv_quantization, bs)
     # A recurrent model resumes only at a snapshot, which stands at a block's or tail's end:
     # tails are never dropped for a longer sibling, and a hit's last part is used whole.
     stateful = spec.has_state

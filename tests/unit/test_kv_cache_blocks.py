@@ -227,3 +227,36 @@ def test_the_restore_cost_model_takes_the_chunk_rate_and_keeps_what_served_prefi
     assert pc.close(10)
     note = pc.tiers.store.load_note("prefill")
     assert note["source"] == "observed" and note["num_tokens"] == 256 and note["tokens_per_s"] == rate
+
+
+def test_another_block_size_over_the_same_ssd_folder_finds_nothing_and_fails_nothing(tmp_path: Path):
+    """A server restarted with another --block-size over the same cache folder once read a
+    tail of the old size back as a full block of the new one and could not start: the block
+    size is part of the namespace, so the old files are another namespace's."""
+    import dataclasses
+
+    def tiers(bs: int) -> PrefixCacheTiers:
+        ns = dataclasses.replace(NS, block_size=bs)
+        store = SSDStore(tmp_path, ns, dtype="float32", max_bytes=10**9)
+        t = TieredCache(BlockPool(max_bytes=10**8, block_size=bs), ns, MlxPayloadCodec("float32"), store,
+                        TierPolicy(), RestoreCostModel(prefill_tokens_per_s=1.0, read_bytes_per_s=1e9))
+        return PrefixCacheTiers(t, CacheSpec.plain(LAYERS))
+
+    assert dataclasses.replace(NS, block_size=2).key() != NS.key()
+    seq = list(range(1, 6 * BS + 3))  # 6 full blocks of BS tokens and a tail of 2
+    pc = tiers(BS)
+    lease = pc.acquire(seq)
+    caches = [KVCache() for _ in range(LAYERS)]
+    prefill(caches, seq)
+    pc.release(lease)
+    pc.store(lease, caches, seq)
+    assert pc.close(10)
+    for bs, expected in ((2, 0), (BS, len(seq))):  # another size: nothing; the same size again: all
+        pc = tiers(bs)
+        lease = pc.acquire(seq + [7])
+        assert lease.num_cached_tokens == expected
+        if expected:
+            pc.materialize(lease)
+            assert lease.caches[0].offset == expected
+        pc.release(lease)
+        assert pc.close(10)

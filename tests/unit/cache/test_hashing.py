@@ -15,6 +15,7 @@ import pytest
 
 from omlx.cache.hashing import (
     EXTRA_SEPARATOR,
+    FORMAT_VERSION,
     MAX_TOKEN_ID,
     Namespace,
     block_hashes,
@@ -30,10 +31,10 @@ NS = Namespace("f" * 64, "a" * 64, KV_FORMAT, 0, 28)
 
 # Pinned: SSD blocks written by earlier builds are named by these keys. A change here orphans
 # every cold block, so it must come with a FORMAT_VERSION bump.
-GOLDEN_NAMESPACE_KEY = "4ed9637c50cadfc5c839d97adce47aba037071d73321dc5f5228a6c6059c8fff"
+GOLDEN_NAMESPACE_KEY = "44546213d436b79b3c46da6e44ac305a15bb5a87f82f466fd9418b8f3e9e93e5"
 GOLDEN_BLOCK_HASHES = [
-    "ef36e25d9afaa8cf2bbae9f4f4e5795046d16db3c581447a98077fb71ab062b8",
-    "f6069ad56f1def38037059459336a66e975e9c2e6fc9cc4f5fcaa9dfa6fdf388",
+    "032050c1a41ccf4fca8a1efaaaec190a0eedb06e3316519dd6ebd3deacf87e75",
+    "2cad7fe292695edbc94b7fee61f7b68b2c6a9645a53ab62deaa98e42703af027",
 ]
 GOLDEN_MODEL_FINGERPRINT = "70156f749bf85d23a5512ecea23e72ad4223e0d0346ff9433a167d3c92b6f47b"
 GOLDEN_TOKENIZER_HASH = "ed35361414314bfa14549de06ec03b19976bd0599275579ea02cc4cbcade97d4"
@@ -145,7 +146,8 @@ def test_same_tokens_different_position_differ() -> None:
         {"kv_format": make_kv_format("float16", None, None, "KVCache")},
         {"layer_start": 1},
         {"layer_end": 14},
-        {"format_version": 2},
+        {"format_version": FORMAT_VERSION + 1},
+        {"block_size": 16},
     ],
 )
 def test_different_namespace_never_matches(change: dict[str, object]) -> None:
@@ -303,3 +305,16 @@ def test_block_hashes_extends_incrementally_to_the_same_chain_as_block_hashes():
     assert chain.parent_of(0) == ns.key() and chain.parent_of(3) == chain.hashes[2]
     with pytest.raises(ValueError):
         BlockHashes(ns.key(), 0)
+
+
+def test_the_block_size_is_part_of_the_namespace():
+    a = Namespace("m", "t", "float16|-|-|KVCache", 0, 4)
+    b = dataclasses.replace(a, block_size=16)
+    assert a.block_size == 256 and a.key() != b.key() and a.digest() != b.digest()
+    assert Namespace.from_json(b.to_json()) == b
+    old = json.loads(a.to_json())
+    del old["block_size"]  # a namespace file written before the block size was in it
+    with pytest.raises(ValueError):
+        Namespace.from_json(json.dumps(old))
+    with pytest.raises(ValueError):
+        dataclasses.replace(a, block_size=0)

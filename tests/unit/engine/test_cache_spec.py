@@ -64,7 +64,7 @@ def test_a_window_layer_holds_the_last_tokens_and_refuses_older_ones(chunk):
     first = spec.held_from([c])
     assert first <= 30 - W + 1  # at least the window (a prefill chunk leaves W - 1 + chunk)
     payload = spec.payload_fn([c], None)
-    got = payload(first, 30)["kv"]  # (1, 2, H, T, D)
+    got = payload(first, 30)["win"]  # a window layer's part: (1, 2, H, T, D)
     assert mx.array_equal(got[0, 0, 0, :, 0], mx.arange(first, 30, dtype=mx.float32) + 0.25)
     if first > 0:
         with pytest.raises(NotHeldError):
@@ -79,7 +79,7 @@ def test_a_restored_window_layer_continues_exactly_like_the_original(n):
     fill(orig, n, 4)
     spec = CacheSpec((LayerSpec(WINDOW, window=W),))
     full = kv(n)
-    block = {"kv": mx.stack([full[0][0], full[1][0]])[None]}  # (1, 2, H, n, D)
+    block = {"win": mx.stack([full[0][0], full[1][0]])[None]}  # the window part: (1, 2, H, n, D)
     (restored,) = spec.materialize([(block, n)])
     assert restored.offset == n
     ko = orig.update_and_fetch(*kv(3, n))[0]  # a prefill chunk
