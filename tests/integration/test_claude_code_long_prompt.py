@@ -13,7 +13,8 @@ import pytest
 from tests.claude_sessions import CLAUDE, run_sessions
 from tests.netns import netns_unavailable
 
-pytestmark = pytest.mark.slow
+# A session may take an hour on a loaded 2-core machine: the suite's 600 s per test would cut it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(4 * 3600)]
 
 
 def test_default_claude_code_session_prefills_its_first_prompt_once(tmp_path):
