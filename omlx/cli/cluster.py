@@ -17,7 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from omlx.cli import cluster_worker
-from omlx.cli.common import config_from, setup_logging
+from omlx.cli.common import config_from, setup_logging, warn_unknown_env
 from omlx.config import ServerConfig
 from omlx.units import format_bytes, format_rate
 
@@ -182,6 +182,7 @@ def join(
              "log_level": log_level}
     cfg = config_from(flags, config, _JOIN_FLAGS)
     setup_logging(cfg.log_level)
+    warn_unknown_env()
     raw = resolve_secret(cfg, secret, persist=True)
     model_path = _model_path(cfg, model) if model else None
     agent = make_agent(cfg, raw, model_path)

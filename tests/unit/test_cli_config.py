@@ -63,3 +63,14 @@ def test_unknown_omlx_variables_are_warned_once_with_a_suggestion(monkeypatch: p
     got = [r.getMessage() for r in caplog.records if "OMLX_MAX_CONCURENT_REQUESTS" in r.getMessage()]
     assert got == ["environment variable OMLX_MAX_CONCURENT_REQUESTS is not an omlx setting and is ignored "
                    "(did you mean OMLX_MAX_CONCURRENT_REQUESTS?)"]
+
+
+@pytest.mark.parametrize("args, want", [
+    (["--memory-cap", "lots"], "omlx: bad value for --memory-cap: 'lots' (not a byte size: 'lots' (use e.g. 512MB, 8GB)), from the command line"),
+    (["--peer", "a:0"], "omlx: bad value for --peer: ('a:0',) (peer 'a:0': expected host or host:port, the port from 1 to 65535), from the command line"),
+    (["--control-port", "65536"], "omlx: bad value for --control-port: 65536 (expected an integer from 1 to 65535), from the command line"),
+    (["--log-level", "LOUD"], "omlx: bad value for --log-level: 'LOUD' (expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL), from the command line"),
+])
+def test_cluster_join_names_its_own_flags(tmp_path: Path, args: list[str], want: str):
+    r = runner.invoke(app, ["cluster", "join", "--base-path", str(tmp_path), *args])
+    assert r.exit_code == 2 and r.output.strip() == want, r.output
