@@ -122,8 +122,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from omlx.engine import token_cache
 
     in_template: list[float] = []
-    hf_class = type(entry.loaded.tokenizer._tokenizer)
-    apply, encode = hf_class.apply_chat_template, token_cache.encode
+    # watched on the tokenizer object, not its class: a class with an apply_chat_template of its own
+    # is one that may read the tools (omlx.engine.chat.template_reads_tools)
+    hf = entry.loaded.tokenizer._tokenizer
+    apply, encode = hf.apply_chat_template, token_cache.encode
 
     def timed(f: Any) -> Any:
         def call(*a: Any, **kw: Any) -> Any:
@@ -134,7 +136,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                 in_template.append(time.perf_counter() - t)
         return call
 
-    hf_class.apply_chat_template = timed(apply)
+    hf.apply_chat_template = timed(apply)
     token_cache.encode = timed(encode)
     raw = claude_code_body(model)
     handler = anthropic_routes.create_message
@@ -156,7 +158,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.warmup):
         await one()
     times = [await one() for _ in range(args.reps)]
-    hf_class.apply_chat_template, token_cache.encode = apply, encode
+    del hf.apply_chat_template
+    token_cache.encode = encode
     pool.stop()
     ms = sorted(t * 1e3 for t, _ in times)
     rest = sorted((t - r) * 1e3 for t, r in times)

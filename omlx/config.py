@@ -6,7 +6,11 @@ default ``<base-path>/config.toml``) > defaults. Environment variables are read 
 else. Every key is a model field whose ``description`` is its documentation (the README's
 configuration table is generated from it: ``python -m omlx.cli.config_table``); its TOML key and
 environment variable are derived from the field (`setting_keys`). A mistake in any source is a
-`ConfigError` naming the source (file, variable or command line), the key and what was expected.
+`ConfigError` naming the source (file, environment, command line), the key as that source names it
+(TOML key, ``OMLX_*`` variable, ``--flag``) and what was expected; every source is checked, also
+where a higher one overrides it, and every number has a range (`Bounds`). ``OMLX_*`` variables that
+name no setting are not errors (other tools may set their own): `unknown_env` lists them for a
+start-up warning.
 
 Must not: import anything of omlx but ``omlx.errors``; read the environment outside
 `load_config`.
@@ -54,15 +58,18 @@ Lists are comma-separated (``OMLX_MODEL=a,b``), aliases ``NAME=TARGET`` pairs.
 from __future__ import annotations
 
 import contextvars
+import difflib
 import math
 import os
 import re
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
+                      field_validator, model_validator)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
@@ -81,6 +88,10 @@ _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 #: ``kv_bits`` and ``kv_group_size`` values ``mx.quantize`` supports (affine mode).
 KV_BITS_CHOICES = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZE_CHOICES = (32, 64, 128)
+#: `logging`'s level names (``log_level``).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: Ports a cluster worker's ring uses in turn, from ``worker_port`` (`omlx.cluster.launcher.ring_port`).
+NUM_RING_PORTS = 32
 #: Where a key may be set from; a field's ``sources`` (json_schema_extra) narrows it.
 SOURCES = ("file", "env", "flags")
 
@@ -161,6 +172,64 @@ def _pairs(value: Any) -> Any:
     return parse_pairs(value) if isinstance(value, str) else value
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The range a number key accepts: ``lo <= v <= hi`` (``lo < v`` when ``open_lo``; None:
+    unbounded on that side), NaN and infinities never. An after-validator (None passes: the key
+    is unset); `bounds_of` reads it back for the docs and the tests.
+
+    Raises:
+        ValueError: from ``__call__``, naming the range ("expected an integer from 1 to 65535").
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    open_lo: bool = False
+
+    def words(self, integer: bool) -> str:
+        """The range in words: ``an integer from 1 to 65535``, ``a number > 0``."""
+        kind = "an integer" if integer else "a number"
+        lo, hi = (None if b is None else f"{b:g}" for b in (self.lo, self.hi))
+        if lo is not None and hi is not None:
+            return f"{kind} {'>' if self.open_lo else 'from'} {lo} {'and <=' if self.open_lo else 'to'} {hi}"
+        if lo is not None:
+            return f"{kind} {'>' if self.open_lo else '>='} {lo}"
+        return f"{kind} <= {hi}" if hi is not None else kind
+
+    def __call__(self, v: Any) -> Any:
+        if v is None:
+            return v
+        bad = (isinstance(v, float) and not math.isfinite(v)) or (self.hi is not None and v > self.hi) or (
+            self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo))
+        if bad:
+            raise ValueError(f"expected {self.words(isinstance(v, int))}")
+        return v
+
+
+def bounds_of(info: FieldInfo) -> Bounds | None:
+    """The `Bounds` a field's type carries, or None."""
+    for meta in info.metadata:
+        if isinstance(getattr(meta, "func", None), Bounds):
+            return meta.func
+    return None
+
+
+def _int(lo: float | None = None, hi: float | None = None) -> Any:
+    """An integer key in [``lo``, ``hi``] (true/false refused); ``| None`` for an optional one."""
+    return Annotated[int, BeforeValidator(_not_bool), AfterValidator(Bounds(lo, hi))]
+
+
+def _num(lo: float | None = None, hi: float | None = None, *, open_lo: bool = False) -> Any:
+    """A finite number key in [``lo``, ``hi``] (``(lo, hi]`` with ``open_lo``)."""
+    return Annotated[float, BeforeValidator(_not_bool), AfterValidator(Bounds(lo, hi, open_lo))]
+
+
+def _opt(tp: Any) -> Any:
+    """``tp`` or None; the bounds stay on the number."""
+    base, *meta = typing.get_args(tp)
+    return Annotated[(base | None, *meta)]
+
+
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Num = Annotated[float, BeforeValidator(_not_bool)]
 Size = Annotated[int, BeforeValidator(parse_size)]
@@ -168,6 +237,14 @@ OptSize = Annotated[int | None, BeforeValidator(_size_or_none)]
 OptInt = Annotated[int | None, BeforeValidator(_not_bool)]
 OptNum = Annotated[float | None, BeforeValidator(_not_bool)]
 Names = Annotated[tuple[str, ...], BeforeValidator(_names)]
+#: A TCP port.
+Port = _int(1, 65535)
+Positive = _int(1)
+Count = _int(0)
+#: Seconds, > 0.
+Seconds = _num(0, open_lo=True)
+#: A fraction of something, in (0, 1].
+Share = _num(0, 1, open_lo=True)
 
 
 def _key(default: Any = None, description: str = "", *, example: Any, toml: str | None = None,
@@ -206,6 +283,12 @@ class _Bad(ConfigError, ValueError):
 
 # ---- per-model settings --------------------------------------------------------------------------
 
+# The ranges the request APIs enforce on the fields these defaults stand in for
+# (`omlx.api.bodies.openai.Sampling`, the widest of the APIs; a test keeps them equal).
+Temperature = _num(0.0, 2.0)
+Fraction = _num(0.0, 1.0)
+Penalty = _num(0.01, 10.0)
+
 #: ModelSettings fields a profile may set: per-request behaviour, never what is loaded.
 PROFILE_KEYS = (
     "tool_dialect", "default_temperature", "default_top_p", "default_top_k", "default_min_p",
@@ -220,20 +303,21 @@ class ModelSettings(_Frozen):
     says what it does). A request's own fields always win over the ``default_*`` ones;
     ``max_output_tokens`` clamps whatever was asked."""
 
-    context_length: OptInt = Field(None, description="most tokens (prompt + output); none = the model's config")
-    tool_dialect: str | None = Field(None, description="tool-call format; none = detected from the chat template")
-    default_temperature: OptNum = Field(None, description="sampling temperature when a request leaves it out")
-    default_top_p: OptNum = Field(None, description="top-p when a request leaves it out")
-    default_top_k: OptInt = Field(None, description="top-k when a request leaves it out")
-    default_min_p: OptNum = Field(None, description="min-p when a request leaves it out")
-    default_repetition_penalty: OptNum = Field(None, description="repetition penalty when a request leaves it out")
-    default_max_tokens: OptInt = Field(None, description="output token limit when a request leaves it out")
-    max_output_tokens: OptInt = Field(None, description=(
+    context_length: _opt(Positive) = Field(None, description="most tokens (prompt + output); none = the model's config")
+    tool_dialect: str | None = Field(None, description=(
+        "tool-call format (a dialect of `omlx.tool_parsers`, or one of its aliases); none = detected from the chat template"))
+    default_temperature: _opt(Temperature) = Field(None, description="sampling temperature when a request leaves it out")
+    default_top_p: _opt(Fraction) = Field(None, description="top-p when a request leaves it out")
+    default_top_k: _opt(Count) = Field(None, description="top-k when a request leaves it out")
+    default_min_p: _opt(Fraction) = Field(None, description="min-p when a request leaves it out")
+    default_repetition_penalty: _opt(Penalty) = Field(None, description="repetition penalty when a request leaves it out")
+    default_max_tokens: _opt(Positive) = Field(None, description="output token limit when a request leaves it out")
+    max_output_tokens: _opt(Positive) = Field(None, description=(
         "most tokens one response may generate; a request asking for more (Claude Code asks for 32000+) "
         "is clamped to it; none: only the context limits it"))
     enable_thinking: StrictBool | None = Field(None, description=(
         "reasoning on/off when the request does not say; none = the chat template's default"))
-    ttl_s: OptNum = Field(None, description="unload after this many seconds without requests; none = never")
+    ttl_s: _opt(Seconds) = Field(None, description="unload after this many seconds without requests; none = never")
     pin: StrictBool = Field(False, description="load at start and never evict")
     aliases: Names = Field((), description="other names requests may use for this model")
     path: str | None = Field(None, description="the model folder (or .gguf) when it is not `<base-path>/models/<id>`")
@@ -249,18 +333,20 @@ class ModelSettings(_Frozen):
             raise ValueError("aliases must be a list of model names")
         return v
 
+    @field_validator("tool_dialect", mode="after")
+    @classmethod
+    def _dialect_known(cls, v: str | None) -> str | None:
+        """The registry's own name for ``v`` (an alias resolved), when `load_config` was given the registry."""
+        loading = _LOADING.get()
+        if v is None or loading is None or loading.resolve_dialect is None:
+            return v
+        return loading.resolve_dialect(v)  # ValueError: unknown, naming the known ones
+
     @field_validator("task", mode="after")
     @classmethod
     def _task_known(cls, v: str | None) -> str | None:
         if v not in (None, *MODEL_TASKS):
             raise ValueError(f"task must be one of {', '.join(MODEL_TASKS)}")
-        return v
-
-    @field_validator("ttl_s", mode="after")
-    @classmethod
-    def _ttl_positive(cls, v: float | None) -> float | None:
-        if v is not None and v <= 0:
-            raise ValueError("ttl_s must be > 0 (leave it out for no TTL)")
         return v
 
     @field_validator("profiles", mode="after")
@@ -287,25 +373,30 @@ class MemoryConfig(_Frozen):
     ceiling_bytes: OptSize = _key(None, (
         "most memory the process may use, e.g. `12GB`; models are unloaded (LRU) to stay under it; "
         "none = total RAM - 8 GB, at least half of RAM"), toml="ceiling", example="12GB")
-    soft_watermark: Num = _key(0.90, (
+    soft_watermark: Share = _key(0.90, (
         "fraction of the ceiling above which admission pauses and idle models are evicted; a model "
         "load must leave the process below it"), example=0.8)
-    hard_watermark: Num = _key(0.97, (
+    hard_watermark: Share = _key(0.97, (
         "fraction above which the hot KV caches shrink, then models are evicted, then the youngest "
         "request is aborted"), example=0.99)
-    load_wait_s: Num = _key(120.0, (
+    load_wait_s: _num(0) = _key(120.0, (
         "how long a request waits for a model to load or for memory to free up before it gets a 507/529"),
         example=30.0)
-    check_interval_s: Num = _key(1.0, "period of the memory enforcer and TTL checks, in seconds", example=0.5)
+    check_interval_s: Seconds = _key(1.0, "period of the memory enforcer and TTL checks, in seconds", example=0.5)
 
     @model_validator(mode="after")
     def _check(self) -> MemoryConfig:
-        if not 0 < self.soft_watermark <= self.hard_watermark <= 1:
+        if not self.soft_watermark <= self.hard_watermark:
             raise _Bad(("memory.soft_watermark", "memory.hard_watermark"),
                        "memory watermarks must satisfy 0 < soft_watermark <= hard_watermark <= 1")
-        if self.ceiling_bytes is not None and self.ceiling_bytes < 1:
-            raise _Bad(("memory.ceiling_bytes",), "memory ceiling must be a positive size, e.g. 12GB")
         return self
+
+    @field_validator("ceiling_bytes", mode="after")
+    @classmethod
+    def _ceiling(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError("memory ceiling must be a positive size, e.g. 12GB")
+        return v
 
 
 class CacheConfig(_Frozen):
@@ -313,7 +404,7 @@ class CacheConfig(_Frozen):
 
     ENV_PREFIX: ClassVar[str] = "OMLX_"
 
-    block_size: Int = _key(256, "KV block size in tokens", example=64)
+    block_size: Positive = _key(256, "KV block size in tokens", example=64)
     hot_cache_max_bytes: OptSize = _key(None, "RAM budget of the hot KV tier, e.g. `2GB`; none = derived from memory at start",
                                         toml="hot_cache_max_size", example="2GB")
     enabled: bool = _key(True, "false turns the prefix cache off (for A/B runs)", env="OMLX_CACHE_ENABLED", example=False)
@@ -323,18 +414,11 @@ class CacheConfig(_Frozen):
         "disk budget of the cold tier, e.g. `20GB` (printed at start); none = min(10% of free disk, 50 GB)"),
         toml="ssd_cache_max_size", example="20GB")
     ssd_enabled: bool = _key(True, "false keeps KV blocks in RAM only", env="OMLX_SSD_CACHE_ENABLED", example=False)
-    ssd_write_through_hits: Int = _key(2, (
+    ssd_write_through_hits: Count = _key(2, (
         "write a hot block to disk (high priority) once it was hit this many times; 0 turns that off"), example=0)
     ssd_write_new_blocks: bool = _key(True, (
         "queue every new full block for disk at low priority, so a crash (kill -9) loses only the write queue"),
         example=False)
-
-    @field_validator("block_size", mode="after")
-    @classmethod
-    def _block_size(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("block_size must be >= 1")
-        return v
 
 
 class ClusterConfig(_Frozen):
@@ -346,29 +430,38 @@ class ClusterConfig(_Frozen):
                               example="s3cret-s3cret")
     peers: Names = _key((), "static peers `host:port` (mDNS does not cross subnets or VPNs)", example=["10.0.0.2:8470"])
     control_host: str = _key("0.0.0.0", "address the control channel binds", example="127.0.0.1")
-    control_port: Int = _key(8470, "TCP port of the control channel", example=9470)
+    control_port: Port = _key(8470, "TCP port of the control channel", example=9470)
     mdns: bool = _key(True, "advertise and browse `_omlx._tcp` over zeroconf", example=False)
-    heartbeat_interval_s: Num = _key(1.0, "seconds between heartbeats to each member", example=0.5)
-    heartbeat_timeout_s: Num = _key(3.0, "a member silent this long (seconds) has left: a new epoch starts", example=6.0)
+    heartbeat_interval_s: Seconds = _key(1.0, "seconds between heartbeats to each member", example=0.5)
+    heartbeat_timeout_s: Seconds = _key(3.0, "a member silent this long (seconds) has left: a new epoch starts", example=6.0)
     memory_cap_bytes: OptSize = _key(None, "most memory this node gives a pipeline, e.g. `48GB`; none = what is available",
                                      toml="memory_cap", example="48GB")
     headroom_bytes: Size = _key(2 * 10**9, "memory each node keeps free beyond its stage", toml="headroom", example="4GB")
-    context_tokens: Int = _key(4096, "KV reserve per sequence the plan leaves room for, in tokens", example=8192)
-    worker_port: Int = _key(8480, (
+    context_tokens: Positive = _key(4096, "KV reserve per sequence the plan leaves room for, in tokens", example=8192)
+    worker_port: _int(1, 65535 - NUM_RING_PORTS + 1) = _key(8480, (
         "first port of this node's ring endpoint (mx.distributed) in the hostfile; epoch E uses "
         "worker_port + E % 32, so a new epoch never meets the last one's sockets"), example=9480)
-    step_timeout_s: Num = _key(30.0, (
+    step_timeout_s: Seconds = _key(30.0, (
         "most seconds one pipeline step (or the ring's start) may block before the workers count a peer as lost"),
         example=60.0)
     start_workers: bool = _key(True, (
         "start `omlx cluster worker` for each plan; false = plan only (dry run: status shows the command "
         "line each node would run)"), example=False)
 
+    @field_validator("peers", mode="after")
+    @classmethod
+    def _peers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for peer in v:  # as omlx.cluster.agent.parse_peer reads them
+            host, sep, port = peer.strip().rpartition(":")
+            if not peer.strip() or (sep and (not host or not port.isdigit() or not 0 < int(port) < 65536)):
+                raise ValueError(f"peer {peer!r}: expected host or host:port, the port from 1 to 65535")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> ClusterConfig:
-        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:
+        if not self.heartbeat_interval_s < self.heartbeat_timeout_s:
             raise _Bad(("cluster.heartbeat_interval_s", "cluster.heartbeat_timeout_s"),
-                       "cluster heartbeat_interval_s must be > 0 and below heartbeat_timeout_s")
+                       "cluster heartbeat_interval_s must be below heartbeat_timeout_s")
         return self
 
 
@@ -390,12 +483,12 @@ class ServerConfig(BaseSettings):
     ENV_PREFIX: ClassVar[str] = "OMLX_"
 
     host: str = _key("127.0.0.1", "address to bind; any other than loopback requires an API key", example="127.0.0.2")
-    port: Int = _key(8000, "TCP port of the HTTP API", example=7001)
+    port: Port = _key(8000, "TCP port of the HTTP API", example=7001)
     models: Names = _key((), (
         "model ids, mlx-lm folders or `.gguf` files to load at start (the first is the default); "
         "none = the embedded SmolLM2-135M-Instruct"), toml="model", example=["smol", "other"])
-    max_concurrent_requests: Int = _key(8, "requests decoding at once per model (1 to 1024)", example=3)
-    max_queued_requests: Int = _key(64, "requests waiting per model beyond those before a 429 with `Retry-After`",
+    max_concurrent_requests: _int(1, 1024) = _key(8, "requests decoding at once per model", example=3)
+    max_queued_requests: Count = _key(64, "requests waiting per model beyond those before a 429 with `Retry-After`",
                                     example=16)
     base_path: str = _key(DEFAULT_BASE_PATH, "omlx's home: models, cache, config", example="/tmp/omlx-home")
     hub_cache_dir: str | None = _key(None, (
@@ -404,17 +497,18 @@ class ServerConfig(BaseSettings):
     api_key: str | None = _key(None, "required on every route when set (`Authorization: Bearer` or `x-api-key`)",
                                example="sk-local")
     max_body_bytes: Size = _key(32 * 1024 * 1024, "larger request bodies get a 413", example="64MB")
-    keepalive_s: Num = _key(5.0, "seconds between SSE keep-alives while a prompt is queued or prefilled", example=2.0)
-    idle_text_after_s: Annotated[float | None, BeforeValidator(_none_for("", "none", "off"))] = _key(60.0, (
+    keepalive_s: Seconds = _key(5.0, "seconds between SSE keep-alives while a prompt is queued or prefilled", example=2.0)
+    idle_text_after_s: Annotated[float | None, BeforeValidator(_none_for("", "none", "off")),
+                                 AfterValidator(Bounds(0))] = _key(60.0, (
         "once a stream has gone this many seconds without content (a long prefill, a long queue wait), "
         "its keep-alives become events the clients' stream idle watchdogs count (*Long first prompts*): "
         "on Anthropic streams empty `text_delta` events in an open text block (Claude Code ignores `ping`; "
         "the turn's first block is then a text block, empty when the model's answer starts with a tool "
         "call), on Responses streams `response.in_progress` again (Codex ignores SSE comments); `off` "
-        "keeps pings and comments. Chat Completions streams always send comments"), example=30.0)
+        "keeps pings and comments; 0 switches at once. Chat Completions streams always send comments"), example=30.0)
     preload_blas: bool = _key(True, "re-exec with OpenBLAS preloaded on Linux when MLX would use reference BLAS",
                               example=False)
-    log_level: str = _key("INFO", "DEBUG, INFO, WARNING", example="DEBUG")
+    log_level: str = _key("INFO", f"{', '.join(LOG_LEVELS)} (any case)", example="DEBUG")
     disable_kernels: Names = _key((), (
         "native kernels to keep off (names from `metal/`, or `all`); each is reported at start-up and in /health"),
         example=["kv_gather"])
@@ -426,7 +520,8 @@ class ServerConfig(BaseSettings):
         "`[aliases]`: requested model id -> served id (e.g. the ids Claude Code asks for); flags, env "
         "(`NAME=TARGET,...`) and file entries are merged, per name the higher source wins"),
         factory=dict, example={"claude-haiku-4-5": "smol"})
-    context_scale_to: Annotated[int | None, BeforeValidator(_none_for("", 0, "0"))] = _key(None, (
+    context_scale_to: Annotated[int | None, BeforeValidator(_none_for("", 0, "0")), AfterValidator(Bounds(1))] = _key(
+        None, (
         "when set, the Anthropic API reports token counts scaled by `context_scale_to / model context` so "
         "a client that assumes this larger window compacts at the model's real limit (`docs/ANTHROPIC.md`); "
         "none reports real counts"), example=200000)
@@ -437,17 +532,18 @@ class ServerConfig(BaseSettings):
         example=8)
     kv_group_size: Int = _key(64, "elements per quantization group along the head dim with `kv_bits`: 32, 64 or 128",
                               example=32)
-    prefill_step_size: Annotated[int | None, BeforeValidator(_none_for("", "auto", 0, "0"))] = _key(None, (
+    prefill_step_size: Annotated[int | None, BeforeValidator(_none_for("", "auto", 0, "0")),
+                                 AfterValidator(Bounds(1))] = _key(None, (
         "most prompt tokens of one prefill chunk (alone and beside decoding streams), a multiple of the "
         "block size; none = measured per model and device at load (logged). Pin it to make two servers "
         "cut prompts alike (different cuts change the last bits of KV values and logits)"), example=512)
-    max_tpot_slowdown: Num = _key(2.0, (
+    max_tpot_slowdown: _num(0) = _key(2.0, (
         "prefill pacing: while prompts prefill beside decoding sequences, their mean time per output "
         "token is held to at most this many times a decode-only step by letting a prefill chunk into "
         "only some steps (`omlx.engine.pacing`); a prompt that arrives while nothing decodes, or whose "
         "whole prefill is one chunk, is never held. Values <= 1 turn pacing off (a chunk in every step: "
         "fastest prefill, slowest streams)"), example=3.5)
-    lookup_draft_tokens: Int = _key(0, (
+    lookup_draft_tokens: _int(0, 64) = _key(0, (
         "experimental prompt-lookup speculative decoding: most tokens drafted per verify step for a "
         "greedy request decoding alone (`omlx.engine.lookup`; output equals plain greedy decoding); "
         "0 = off (see *--lookup-draft-tokens* below the table)"), example=4)
@@ -472,12 +568,12 @@ class ServerConfig(BaseSettings):
             return (init_settings,)
         return (init_settings, *loading.lower)
 
-    @field_validator("max_concurrent_requests", mode="after")
+    @field_validator("log_level", mode="after")
     @classmethod
-    def _concurrency(cls, v: int) -> int:
-        if not 1 <= v <= 1024:
-            raise ValueError("max_concurrent_requests must be between 1 and 1024")
-        return v
+    def _log_level(cls, v: str) -> str:
+        if v.strip().upper() not in LOG_LEVELS:
+            raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+        return v.strip().upper()
 
     @field_validator("kv_bits", mode="after")
     @classmethod
@@ -491,27 +587,6 @@ class ServerConfig(BaseSettings):
     def _kv_group_size(cls, v: int) -> int:
         if v not in KV_GROUP_SIZE_CHOICES:
             raise ValueError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZE_CHOICES))}, got {v}")
-        return v
-
-    @field_validator("max_tpot_slowdown", mode="after")
-    @classmethod
-    def _slowdown(cls, v: float) -> float:
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"max_tpot_slowdown must be a number >= 0 (<= 1 turns pacing off), got {v}")
-        return v
-
-    @field_validator("lookup_draft_tokens", mode="after")
-    @classmethod
-    def _lookup(cls, v: int) -> int:
-        if not 0 <= v <= 64:
-            raise ValueError(f"lookup_draft_tokens must be 0 (off) to 64, got {v}")
-        return v
-
-    @field_validator("context_scale_to", mode="after")
-    @classmethod
-    def _scale(cls, v: int | None) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError("context_scale_to must be a positive number of tokens")
         return v
 
     @model_validator(mode="after")
@@ -595,6 +670,32 @@ def setting_keys() -> Iterator[SettingKey]:
             yield from _keys_of(section, section.model_fields, (name,))
 
 
+#: ``OMLX_*`` variables omlx uses that are not settings (`unknown_env` does not name them).
+OTHER_ENV = {
+    CONFIG_FILE_ENV: "the config file (`--config`)",
+    "OMLX_BLAS_REEXEC": "a marker the BLAS re-exec sets for its own child (omlx.cli.common)",
+    "OMLX_LAUNCH_API_KEY": "what `omlx launch codex` hands Codex as its env_key; Codex reads it",
+}
+
+
+def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """One line for each ``OMLX_*`` variable of ``env`` (default ``os.environ``) that omlx does not
+    read, with the closest name it does read when one is close (difflib), for a start-up warning.
+
+    Not an error: other tools and scripts may set ``OMLX_*`` variables of their own, and a
+    variable omlx does not read changes nothing.
+    """
+    env = os.environ if env is None else env
+    known = {k.env for k in setting_keys() if k.env} | set(OTHER_ENV)
+    tails = {name.removeprefix("OMLX_"): name for name in known}
+    lines = []
+    for name in sorted(n for n in env if n.startswith("OMLX_") and n not in known):
+        close = difflib.get_close_matches(name.removeprefix("OMLX_"), tails, n=1)
+        hint = f" (did you mean {tails[close[0]]}?)" if close else ""
+        lines.append(f"environment variable {name} is not an omlx setting and is ignored{hint}")
+    return lines
+
+
 # ---- sources -------------------------------------------------------------------------------------
 
 
@@ -673,16 +774,33 @@ class _FileSource(TomlConfigSettingsSource):
 
 @dataclass(slots=True)
 class _Sources:
-    """What `load_config` merges, and where each value came from (for error messages)."""
+    """What `load_config` merges, and where each value came from (for error messages).
+
+    Attributes:
+        flag_names: dotted key -> the command-line flag that set it (``--memory-ceiling``); a key
+            not named here is shown as ``--`` + its last part, dashed.
+        resolve_dialect: a tool dialect name -> the registry's name (ValueError when unknown);
+            None: ``tool_dialect`` is not checked.
+    """
 
     flags: dict[str, Any]
     env: _EnvSource
     file: _FileSource | None
+    flag_names: Mapping[str, str] = field(default_factory=dict)
+    resolve_dialect: Callable[[str], str] | None = None
 
     @property
     def lower(self) -> tuple[PydanticBaseSettingsSource, ...]:
         """The sources below the flags, highest first."""
         return (self.env,) if self.file is None else (self.env, self.file)
+
+    def each(self) -> Iterator[_Sources]:
+        """Each source alone (flags, env, file), so a value a higher source overrides is checked too."""
+        none = _EnvSource(ServerConfig, {})
+        yield _Sources(self.flags, none, None, self.flag_names, self.resolve_dialect)
+        yield _Sources({}, self.env, None, self.flag_names, self.resolve_dialect)
+        if self.file is not None:
+            yield _Sources({}, none, self.file, self.flag_names, self.resolve_dialect)
 
     def _trees(self) -> Iterator[tuple[str, dict[str, Any]]]:
         yield "flags", self.flags
@@ -691,19 +809,27 @@ class _Sources:
             yield "file", self.file.init_kwargs
 
     def origin(self, loc: tuple[Any, ...]) -> tuple[str, str, Any]:
-        """Where the value at ``loc`` came from: (the key as that source names it, the source,
-        the value it gave), the highest source holding the longest part of ``loc``."""
+        """Where the value at ``loc`` came from: (the key as the user wrote it there: the flag,
+        the environment variable or the TOML key; the source; the value it gave), the highest
+        source holding the longest part of ``loc``."""
         for n in range(len(loc), 0, -1):
             for source, tree in self._trees():
                 if not _has(tree, loc[:n]):
                     continue
                 if source == "flags":
-                    return _dotted(loc), "the command line", _at(tree, loc)
+                    return self._flag(loc), "the command line", _at(tree, loc)
                 if source == "env":
                     var = next(v for k, v in self.env.names.items() if k[:n] == loc[:n])
-                    return _dotted(loc), f"environment variable {var}", _at(tree, loc)
+                    return var, "the environment", _at(tree, loc)
                 return _toml_key(loc), f"config file {self.file.path}", _at(tree, loc)  # type: ignore[union-attr]
         return _dotted(loc), "the defaults", None
+
+    def _flag(self, loc: tuple[Any, ...]) -> str:
+        for key in setting_keys():
+            if tuple(loc[:len(key.path)]) == key.path:
+                flag = self.flag_names.get(key.name) or "--" + key.path[-1].replace("_", "-")
+                return ".".join([flag, *map(str, loc[len(key.path):])])
+        return _dotted(loc)
 
     def holds(self, loc: tuple[Any, ...]) -> bool:
         """Whether some source set the value at ``loc`` itself (not only a table above it)."""
@@ -762,8 +888,14 @@ def load_config(
     flags: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     config_file: str | Path | None = None,
+    *,
+    flag_names: Mapping[str, str] | None = None,
+    resolve_dialect: Callable[[str], str] | None = None,
 ) -> ServerConfig:
     """Merge flags > env > file > defaults into a frozen ServerConfig.
+
+    Every source is checked on its own first, so a bad value is an error even where a higher
+    source overrides it; checks across keys (a watermark below the other) run on the merged values.
 
     Args:
         flags: values given on the command line, keys as in ServerConfig (dotted for the
@@ -772,10 +904,16 @@ def load_config(
         env: the environment (defaults to ``os.environ``).
         config_file: TOML path; default ``$OMLX_CONFIG``, else ``<base-path>/config.toml`` when it
             exists.
+        flag_names: dotted key -> the flag the command line gave it by (``memory.ceiling_bytes``
+            -> ``--memory-ceiling``), for errors; default ``--`` + the key's last part, dashed.
+        resolve_dialect: checks each ``tool_dialect`` (the CLI passes
+            `omlx.tool_parsers.resolve_dialect_name`, which this layer may not import): returns
+            the registry's name for it, raises ValueError naming the known ones; None: unchecked.
 
     Raises:
-        ConfigError: on an unknown key, a bad value or an unreadable file; the message names the
-            source (the file, the variable, the command line), the key and what was expected.
+        ConfigError: on an unknown key, a bad value or an unreadable file, in one line; each
+            mistake names its source (the file, the environment, the command line), the key as
+            written there (TOML key, ``OMLX_*`` variable, ``--flag``) and what was expected.
     """
     env = os.environ if env is None else env
     nested: dict[str, Any] = {}
@@ -793,12 +931,32 @@ def load_config(
     if path is None:
         candidate = Path(os.path.expanduser(str(base_path))) / "config.toml"
         path = candidate if candidate.exists() else None
-    sources = _Sources(nested, env_source, _FileSource(ServerConfig, Path(path)) if path is not None else None)
+    sources = _Sources(nested, env_source, _FileSource(ServerConfig, Path(path)) if path is not None else None,
+                       dict(flag_names or {}), resolve_dialect)
+    problems: dict[str, None] = {}  # in order, each once
+    for alone in sources.each():
+        got = _validate(alone)
+        if not isinstance(got, ServerConfig):  # checks across keys wait for the merged values
+            problems.update(dict.fromkeys(_message(err, alone) for err in got if not _across(err)))
+    if not problems:
+        got = _validate(sources)
+        if isinstance(got, ServerConfig):
+            return got
+        problems.update(dict.fromkeys(_message(err, sources) for err in got))
+    raise ConfigError("; ".join(problems))
+
+
+def _validate(sources: _Sources) -> ServerConfig | list[Any]:
+    """ServerConfig from ``sources``, or pydantic's errors."""
     token = _LOADING.set(sources)
     try:
-        return ServerConfig(**nested)
+        return ServerConfig(**sources.flags)
     except ValidationError as e:
-        raise ConfigError("; ".join(_message(err, sources) for err in e.errors())) from None
+        return e.errors()
     finally:
         _LOADING.reset(token)
 
+
+def _across(err: Mapping[str, Any]) -> bool:
+    """Whether a pydantic error is a check across keys (`_Bad`): one source may set only one of them."""
+    return isinstance((err.get("ctx") or {}).get("error"), _Bad)

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from omlx.cli import cluster_worker
-from omlx.cli.common import config_from, setup_logging
+from omlx.cli.common import config_from, setup_logging, warn_unknown_env
 from omlx.config import ServerConfig
 from omlx.units import format_bytes, format_rate
 
@@ -136,6 +136,11 @@ def start_agent_thread(agent: Any) -> threading.Thread:
     return t
 
 
+#: `join`'s flags whose names are not their key's (errors name the flag the user typed).
+_JOIN_FLAGS = {"cluster.peers": "--peer", "cluster.memory_cap_bytes": "--memory-cap", "cluster.mdns": "--no-mdns",
+               "cluster.heartbeat_timeout_s": "--heartbeat-timeout", "cluster.heartbeat_interval_s": "--heartbeat-interval"}
+
+
 def _flags(base_path: str | None, peer: list[str] | None, control_port: int | None,
            memory_cap: str | None, no_mdns: bool, heartbeat_timeout: float | None,
            heartbeat_interval: float | None) -> dict[str, Any]:
@@ -169,13 +174,15 @@ def join(
     heartbeat_timeout: Annotated[Optional[float], typer.Option(help="A member silent this long has left (default 3 s).")] = None,
     base_path: BasePath = None,
     config: ConfigFile = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+    log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING, ERROR, CRITICAL (default INFO, or log_level of the config).")] = None,
 ) -> None:
     """Run this machine's node agent (no HTTP server) until interrupted or `omlx cluster leave`;
     it starts this machine's pipeline worker for every plan that gives it a stage."""
-    cfg = config_from(_flags(base_path, peer, control_port, memory_cap, no_mdns, heartbeat_timeout,
-                             heartbeat_interval), config)
-    setup_logging(log_level)
+    flags = {**_flags(base_path, peer, control_port, memory_cap, no_mdns, heartbeat_timeout, heartbeat_interval),
+             "log_level": log_level}
+    cfg = config_from(flags, config, _JOIN_FLAGS)
+    setup_logging(cfg.log_level)
+    warn_unknown_env()
     raw = resolve_secret(cfg, secret, persist=True)
     model_path = _model_path(cfg, model) if model else None
     agent = make_agent(cfg, raw, model_path)
@@ -279,7 +286,7 @@ def plan(
 
     flags = {"base_path": base_path, "max_concurrent_requests": max_concurrent,
              "cluster.context_tokens": context_tokens}
-    cfg = config_from(flags, config)
+    cfg = config_from(flags, config, {"max_concurrent_requests": "--max-concurrent"})
     path = _model_path(cfg, model)
     if nodes is None:
         reply = _ask(cfg, secret, "127.0.0.1", control_port, {"type": "plan_preview", "model": path})

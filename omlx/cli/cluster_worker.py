@@ -61,7 +61,7 @@ def worker_command(
     cfg = config_from({
         "host": host, "port": port, "base_path": base_path, "api_key": api_key, "log_level": log_level,
         "max_concurrent_requests": max_concurrent_requests, "cache.enabled": False if no_cache else None,
-    }, None)
+    }, None, {"cache.enabled": "--no-cache"})
     reexec_with_blas(cfg.preload_blas, sys.orig_argv[1:])
     setup_logging(cfg.log_level)
     if parent_pid is not None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import typer
 
-from omlx.config import ServerConfig, load_config
+from omlx.config import ServerConfig, load_config, unknown_env
 from omlx.errors import OmlxError
+
+logger = logging.getLogger(__name__)
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -27,13 +29,27 @@ def setup_logging(level: str = "INFO") -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def config_from(flags: dict[str, Any], config_file: str | None) -> ServerConfig:
-    """Build the config or exit with the reason (exit code 2)."""
+def config_from(flags: dict[str, Any], config_file: str | None, flag_names: Mapping[str, str] | None = None) -> ServerConfig:
+    """Build the config or exit with the reason (exit code 2).
+
+    Args:
+        flag_names: config key -> the flag the command takes it by, where that is not ``--`` + the
+            key's last part, dashed (``memory.ceiling_bytes`` -> ``--memory-ceiling``); errors name it.
+    """
+    from omlx.tool_parsers import resolve_dialect_name
+
     try:
-        return load_config(flags, config_file=config_file)
+        return load_config(flags, config_file=config_file, flag_names=flag_names, resolve_dialect=resolve_dialect_name)
     except OmlxError as e:
         typer.echo(f"omlx: {e.message}", err=True)
         raise typer.Exit(2) from e
+
+
+def warn_unknown_env() -> None:
+    """Log a warning for each ``OMLX_*`` variable omlx does not read (`omlx.config.unknown_env`);
+    call once, after `setup_logging`."""
+    for line in unknown_env():
+        logger.warning("%s", line)
 
 
 def reexec_with_blas(enabled: bool, argv: Sequence[str]) -> None:

@@ -5,7 +5,8 @@ variable come from `omlx.config.setting_keys`, its ``omlx serve`` flag from `ser
 ``python -m omlx.cli.config_table --write README.md`` rewrites the tables between the markers;
 ``tests/unit/test_config_docs.py`` fails when the README holds anything else there.
 
-Must not: be imported by the server (it imports `omlx serve`'s options).
+Must not: be imported by the server (it imports `omlx serve`'s options); `omlx serve` imports it
+when it starts, to name its flags in config errors.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from omlx.config import CONFIG_FILE_ENV, PROFILE_KEYS, ModelSettings, setting_keys
+from pydantic.fields import FieldInfo
+
+from omlx.config import CONFIG_FILE_ENV, PROFILE_KEYS, ModelSettings, bounds_of, setting_keys
 
 BEGIN = "<!-- config tables: generated from omlx/config.py by `python -m omlx.cli.config_table --write README.md` -->"
 END = "<!-- end of the generated config tables -->"
@@ -23,12 +26,13 @@ END = "<!-- end of the generated config tables -->"
 _OTHER_FLAGS = {"cluster.secret": "`--cluster-secret`"}
 
 
-def serve_flag_of() -> dict[str, str]:
-    """Config key (dotted, as in `load_config`'s flags) -> the ``omlx serve`` option that sets it."""
+def _serve_flags() -> dict[str, tuple[str, bool]]:
+    """Config key (dotted, as in `load_config`'s flags) -> (the ``omlx serve`` option that sets
+    it, whether it repeats)."""
     from omlx.cli.serve import serve_flags
     from omlx.cli.service import _option_decl, _serve_options
 
-    out = dict(_OTHER_FLAGS)
+    out = {}
     for param in _serve_options():
         if param.default is False:
             sample: Any = True
@@ -38,8 +42,21 @@ def serve_flag_of() -> dict[str, str]:
             sample = "1"
         for key, value in serve_flags({param.name: sample}).items():
             if value is not None:
-                flag = _option_decl(param)
-                out[key] = f"`{flag}`" + (" (repeatable)" if isinstance(sample, list) else "")
+                out[key] = (_option_decl(param), isinstance(sample, list))
+    return out
+
+
+def serve_flag_names() -> dict[str, str]:
+    """Config key -> the ``omlx serve`` option that sets it (``--memory-ceiling``); `omlx serve`
+    and `omlx start` name flags in config errors by it."""
+    return {key: flag for key, (flag, _) in _serve_flags().items()}
+
+
+def serve_flag_of() -> dict[str, str]:
+    """Config key -> the ``omlx serve`` option that sets it, as the table shows it."""
+    out = dict(_OTHER_FLAGS)
+    for key, (flag, repeats) in _serve_flags().items():
+        out[key] = f"`{flag}`" + (" (repeatable)" if repeats else "")
     return out
 
 
@@ -61,6 +78,15 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _meaning(info: FieldInfo) -> str:
+    """The description, and the range a number key accepts (`omlx.config.Bounds`)."""
+    bounds = bounds_of(info)
+    text = info.description or ""
+    if bounds is not None:
+        text += f" ({bounds.words(integer='int' in str(info.annotation))})"
+    return _cell(text)
+
+
 def markdown() -> str:
     """Both tables (server keys, then ``[models."<id>"]`` keys) between `BEGIN` and `END`."""
     flags = serve_flag_of()
@@ -68,12 +94,12 @@ def markdown() -> str:
     for key in setting_keys():
         toml = '[models."<id>"]' if key.name == "model_settings" else key.toml
         rows.append(f"| `{toml}` | {f'`{key.env}`' if key.env else ''} | {flags.get(key.name, '')} | "
-                    f"{_default(key.name, key.info.get_default(call_default_factory=True))} | {_cell(key.info.description or '')} |")
+                    f"{_default(key.name, key.info.get_default(call_default_factory=True))} | {_meaning(key.info)} |")
     rows.append(f"| | `{CONFIG_FILE_ENV}` | `--config` | `<base-path>/config.toml` | the TOML file of these keys |")
     model_rows = ['| `[models."<id>"]` key | default | in a profile | meaning |', "|---|---|---|---|"]
     for name, info in ModelSettings.model_fields.items():
         model_rows.append(f"| `{name}` | {_default(name, info.get_default(call_default_factory=True))} | "
-                          f"{'yes' if name in PROFILE_KEYS else ''} | {_cell(info.description or '')} |")
+                          f"{'yes' if name in PROFILE_KEYS else ''} | {_meaning(info)} |")
     return "\n".join([BEGIN, "", *rows, "", *model_rows, "", END])
 
 

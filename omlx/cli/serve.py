@@ -9,7 +9,7 @@ from typing import Annotated, Any, Mapping, Optional
 
 import typer
 
-from omlx.cli.common import config_from, reexec_with_blas, setup_logging
+from omlx.cli.common import config_from, reexec_with_blas, setup_logging, warn_unknown_env
 from omlx.config import ServerConfig, parse_pairs
 
 logger = logging.getLogger("omlx.serve")
@@ -44,10 +44,13 @@ def serve(
     cluster_secret: Annotated[Optional[str], typer.Option(help="Shared cluster secret (or OMLX_CLUSTER_SECRET, [cluster] secret).")] = None,
     peer: Annotated[Optional[list[str]], typer.Option("--peer", help="Static cluster peer host:port; repeat for several.")] = None,
 ) -> None:
+    from omlx.cli.config_table import serve_flag_names
+
     flags = serve_flags(locals())
-    cfg = config_from(flags, config)
+    cfg = config_from(flags, config, serve_flag_names())
     reexec_with_blas(cfg.preload_blas, ["-m", "omlx", *sys.argv[1:]])
     setup_logging(cfg.log_level)
+    warn_unknown_env()
     if cluster:
         code = _serve_cluster(cfg, cluster_secret)
     else:

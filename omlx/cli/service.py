@@ -444,7 +444,9 @@ def _key(spec: ServiceSpec | None, cfg: ServerConfig) -> str | None:
 
 def _start(backend: str, wait_s: float, **options: Any) -> None:
     say = _Say("omlx start")
-    cfg = config_from(serve_flags(options), options.get("config"))
+    from omlx.cli.config_table import serve_flag_names
+
+    cfg = config_from(serve_flags(options), options.get("config"), serve_flag_names())
     with _clean_errors(say):
         b = backend_for(backend)
         spec = build_spec(cfg, options, b.name)

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from omlx.config import NUM_RING_PORTS  # ring ports: base .. base + NUM_RING_PORTS - 1, one per epoch
+
 logger = logging.getLogger(__name__)
 
 WORKER_SUBCOMMAND = ("omlx", "cluster", "worker")
@@ -41,8 +43,6 @@ WORKER_SUBCOMMAND = ("omlx", "cluster", "worker")
 
 STOP_TIMEOUT_S = 5.0
 """Seconds a stopping worker gets after SIGTERM before SIGKILL."""
-NUM_RING_PORTS = 32
-"""Ring ports cycle through base .. base + NUM_RING_PORTS - 1, one step per epoch."""
 _POLL_S = 0.25
 _HEALTH_TIMEOUT_S = 2.0
 _READY_CHECK_S = 1.0  # a ready rank 0 is checked this often (a lost pipeline turns /health 503)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -79,3 +80,19 @@ def test_serve_refuses_a_bad_config_value_naming_file_key_and_type(tmp_path: Pat
     assert r.returncode == 2, out
     assert f"omlx: bad value for cache.block_size: 'big' (expected an integer), from config file {cfg}" in out
     assert "Traceback" not in out
+
+
+def test_serve_warns_once_about_an_unknown_omlx_variable_with_a_suggestion(tmp_path: Path):
+    """A misspelt variable is not an error (other tools may set OMLX_* variables), but it is said,
+    once (the BLAS re-exec runs the start-up twice), before anything slow."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]  # held: the server stops at its bind check, after the warning
+        env = {**os.environ, "OMLX_MAX_CONCURENT_REQUESTS": "4"}
+        r = subprocess.run([sys.executable, "-m", "omlx", "serve", "--base-path", str(tmp_path), "--port", str(port)],
+                           capture_output=True, text=True, timeout=120, env=env)
+    out = " ".join((r.stdout + r.stderr).split())  # rich wraps long log lines
+    assert r.returncode == 2, out
+    assert out.count("OMLX_MAX_CONCURENT_REQUESTS is not an omlx setting and is ignored") == 1, out
+    assert "(did you mean OMLX_MAX_CONCURRENT_REQUESTS?)" in out, out

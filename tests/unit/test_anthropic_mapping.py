@@ -159,7 +159,7 @@ def test_aliases_merge_across_sources_and_context_scale_setting(tmp_path):
     assert cfg.context_scale_to == 200000
     assert load_config({}, env={"OMLX_CONTEXT_SCALE_TO": "65536"}).context_scale_to == 65536
     assert load_config({}, env={}).context_scale_to is None
-    with pytest.raises(ConfigError, match="context_scale_to must be a positive number"):
+    with pytest.raises(ConfigError, match=r"--context-scale-to: -5 \(expected an integer >= 1\)"):
         load_config({"context_scale_to": -5}, env={})
 
 
