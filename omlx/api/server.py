@@ -126,19 +126,32 @@ def run_server(cfg: ServerConfig) -> int:
 
 
 def run_app(cfg: ServerConfig, pool: EnginePool, status: dict[str, Any], ready: str) -> int:
-    """Serve HTTP for a started pool until the server stops (then stop the pool); returns 0.
+    """Serve HTTP for a started pool until the server stops (then stop the pool); returns 0, or
+    2 when the port cannot be bound (taken since `check_bind`).
 
     Args:
-        ready: the line logged once the app is built (what is served, where).
+        ready: the line logged once the socket is bound (what is served, where).
     """
     from omlx.api.app import create_app
 
     pool.start_watchdog()
     app = create_app(cfg, pool, status)
-    logger.info("%s", ready)
+
+    async def say_ready(*_: Any) -> None:  # the socket is bound: only now does it answer
+        logger.info("%s", ready)
+
+    app.register_listener(say_ready, "after_server_start")
     try:
         app.run(host=cfg.host, port=cfg.port, single_process=True, motd=False, access_log=False,
                 debug=False, auto_reload=False)
+    except OSError as e:
+        # The port was free when the start was checked (`check_bind`) but taken while the
+        # models loaded: the same one line as a refused start, not a traceback.
+        if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        logger.error("cannot listen on %s port %d: %s (taken while the models loaded); pick another with "
+                     "--port", cfg.host, cfg.port, e.strerror or e)
+        return 2
     finally:
         pool.stop()
     return 0
