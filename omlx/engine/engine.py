@@ -227,6 +227,7 @@ class Engine:
         self.num_request_failures = 0
         self.num_retried_requests = 0
         self.last_error: str | None = None
+        self.last_step_s = 0.0  # time.monotonic() of the last step run with work
 
     # ---- called from any thread -------------------------------------------------------
 
@@ -401,6 +402,7 @@ class Engine:
                 self._wake.clear()
                 self._idle()
                 continue
+            self.last_step_s = time.monotonic()  # the pool's lease expiry counts idle time from here
             try:
                 prompt_resps, gen_resps = self._gen.next()
             except Exception as e:  # a failing step never kills the thread

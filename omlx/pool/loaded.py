@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from omlx.engine.factory import EncoderEntry, Entry, PoolEntry
 from omlx.errors import InvalidRequestError, ModelNotFoundError, OmlxError
 from omlx.memory import ProcessMemoryEnforcer, gb
-from omlx.pool.model import LeaseHolder, ModelRecord, ModelState, PoolEvent, is_working
+from omlx.pool.model import LeaseHolder, ModelRecord, ModelState, PoolEvent, is_working, last_work_s
 from omlx.profiles import effective_settings
 
 logger = logging.getLogger(__name__)
@@ -147,8 +147,12 @@ class LoadedSet:
         if is_working(rec.entry):  # a long non-streaming request keeps its lease however long it runs
             return True
         now = time.monotonic()
+        # Idle time counts from the engine's last working step, not from the lease: a request that
+        # ran 24 minutes still writes its last frames after the engine went idle, and its lease
+        # was taken 24 minutes ago (the real Claude Code's long first prompt met this).
+        last = last_work_s(rec.entry)
         for tok, held in list(rec.leases.items()):
-            if now - held.since_s > LEASE_TIMEOUT_S:
+            if now - max(held.since_s, last) > LEASE_TIMEOUT_S:
                 del rec.leases[tok]
                 rec.num_expired_leases += 1
                 self.num_expired_leases += 1

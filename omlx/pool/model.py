@@ -104,6 +104,13 @@ def is_working(entry: Entry | None) -> bool:
     return False
 
 
+def last_work_s(entry: Entry | None) -> float:
+    """``time.monotonic()`` of the last step the entry's engine ran with work (`Engine.last_step_s`);
+    0.0 for an engine that does not say."""
+    engine = getattr(entry, "engine", None)
+    return float(getattr(engine, "last_step_s", 0.0) or 0.0)
+
+
 def hot_cache_bytes(entry: Entry | None) -> int:
     """Bytes in a chat model's hot KV tier (0 for encoders and models without a cache)."""
     pc = entry.engine.prefix_cache if isinstance(entry, PoolEntry) else None

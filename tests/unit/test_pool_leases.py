@@ -79,3 +79,22 @@ def test_an_expired_lease_is_an_error_naming_its_request_and_is_counted(tmp_path
     row = next(m for m in pool.status()["models"] if m["id"] == "a")
     assert (row["num_leases"], row["num_expired_leases"], pool.status()["num_expired_leases"]) == (0, 1, 1)
     assert b'omlx_leases_expired_total{model="a"} 1.0' in metrics.exposition()
+
+
+def test_a_lease_older_than_the_timeout_stays_while_its_engine_worked_just_now(tmp_path, monkeypatch, caplog):
+    """A request that ran longer than the expiry (a 24-minute prefill of the real Claude Code's
+    first prompt) still holds its lease for the moment its route writes its last frames after
+    the engine went idle: idle time counts from the engine's last working step."""
+    pool, _, _ = make_pool(tmp_path, {"a": 100 * MB}, soft=1000 * MB)
+    pool.acquire("a", owner="request req-8 (POST /v1/messages)")
+    monkeypatch.setattr(omlx.pool.loaded, "LEASE_TIMEOUT_S", 0.2)
+    time.sleep(0.3)  # the lease is older than the expiry ...
+    engine = pool.get("a").engine
+    engine.last_step_s = time.monotonic()  # ... but its engine stepped a moment ago
+    with caplog.at_level(logging.WARNING, logger="omlx.pool"):
+        pool.check_once()
+        assert _num_leases(pool, "a") == 1 and not [r for r in caplog.records if "expired" in r.getMessage()]
+        time.sleep(0.3)  # idle longer than the expiry: now it is a leak
+        pool.check_once()
+    assert _num_leases(pool, "a") == 0
+    assert [r.levelno for r in caplog.records if "expired" in r.getMessage()] == [logging.ERROR]
