@@ -15,7 +15,7 @@ import sys
 import httpx
 import pytest
 
-from tests.helpers import MODEL_ID, ServerProcess
+from tests.helpers import MODEL_ID, ServerProcess, free_port
 
 
 def _mount_unavailable() -> str | None:
@@ -46,7 +46,7 @@ def test_full_disk_under_the_ssd_tier_keeps_serving(tmp_path):
 
 
 def _serve_model(tmp_path, model: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "omlx", "serve", "--port", "0", "--base-path", str(tmp_path / "home"),
+    r = subprocess.run([sys.executable, "-m", "omlx", "serve", "--port", str(free_port()), "--base-path", str(tmp_path / "home"),
                         "--model", model], capture_output=True, text=True, timeout=180,
                        env={**os.environ, "COLUMNS": "400"})
     assert r.returncode == 1, r.stdout + r.stderr

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from omlx.cli.main import app
 from tests.fake_hub import FakeHub, Repo
-from tests.helpers import REPO, TEST_HOME, ServerProcess, quantized_model_dir, running
+from tests.helpers import REPO, TEST_HOME, ServerProcess, free_port, quantized_model_dir, running
 
 REPO_ID = "mlx-community/SmolLM2-135M-Instruct-4bit"
 #: What mlx-lm's allow patterns leave out of the repo (a model card is not part of the model).
@@ -264,7 +264,7 @@ def test_models_list_shows_source_size_quantization_arch_context_and_prefix_cach
 
 
 def test_serve_model_org_name_not_in_the_cache_says_how_to_pull_it(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "omlx", "serve", "--port", "0", "--base-path", str(tmp_path / "home"),
+    r = subprocess.run([sys.executable, "-m", "omlx", "serve", "--port", str(free_port()), "--base-path", str(tmp_path / "home"),
                         "--model", "someone/not-pulled"], capture_output=True, text=True, timeout=180,
                        env=_env("http://127.0.0.1:9", tmp_path / "hub"))
     out = _out(r)
