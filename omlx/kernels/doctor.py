@@ -377,9 +377,10 @@ def check_models(cfg: ServerConfig, facts: Facts) -> Finding:
                        "SmolLM2-135M-Instruct on its first start", "", detail)
     def named(name: str) -> str:
         dialect = facts.model_dialects.get(name)
-        tools = f"; tool calls: {dialect}" if dialect else ""
         if name not in facts.model_caches or facts.model_caches[name][1] is None:
             return f"{name} (tool calls: {dialect})" if dialect else name
+        # A chat model says whether its tool calls are parsed (serve's load log warns when not).
+        tools = f"; tool calls: {dialect or 'none detected'}"
         text, ok = facts.model_caches[name]
         return f"{name} (cache {text}; prefix cache on{tools})" if ok else f"{name} (prefix cache off: {text}{tools})"
 

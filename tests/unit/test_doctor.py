@@ -163,7 +163,7 @@ def test_each_model_folder_names_its_cache_layout_and_whether_the_prefix_cache_h
                          model_caches={"tiny-gemma3": ("layer 0 uses ChunkedKVCache", False)})
     cfg = load_config({"base_path": str(tmp_path / "home")})
     f = doctor.check_models(cfg, facts)
-    assert f.level == "warning" and f.fix and "prefix cache off: layer 0 uses ChunkedKVCache" in f.summary
+    assert f.level == "warning" and f.fix and "prefix cache off: layer 0 uses ChunkedKVCache; tool calls: none detected" in f.summary
 
 
 def test_the_tool_dialect_comes_from_the_template_else_the_vocabulary_and_the_config_overrides(tmp_path):
