@@ -472,31 +472,45 @@ class CacheSpec:
                 ends.append(total)
         reach, keep = self.window_reach
         for e in sorted(ends, reverse=True):
-            lo = max(0, e - reach)
-            if all(a >= e or (b <= lo and a >= min(keep, e)) for a, b in starts):
+            reads = window_reads(e, reach, keep)
+            if not any(overlaps(a, b, reads) for a, b in starts):
                 return e
         return 0
+
+
+def window_reads(end: int, reach: int, keep: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The token positions a window layer (``reach = W - keep``, ``keep`` sink tokens) reads
+    when a prefix of ``end`` tokens is restored: ``[0, head)`` and ``[first, end)``, with
+    ``first = max(0, end - reach)`` and ``head = min(keep, first)`` (the two never overlap; all
+    of ``[0, end)`` once they meet). The one statement of this rule for `CacheSpec.hit_end`,
+    `_gather` and ``PrefixCacheTiers``' refill of dropped window parts."""
+    first = max(0, end - reach)
+    return (0, min(keep, first)), (first, end)
+
+
+def overlaps(a: int, b: int, ranges: Sequence[tuple[int, int]]) -> bool:
+    """Whether positions ``[a, b)`` meet any of the half-open ``ranges``."""
+    return any(max(a, lo) < min(b, hi) for lo, hi in ranges)
 
 
 def _gather(parts: Sequence[tuple[Payload, int]], name: str, num_tokens: int, reach: int,
             keep: int) -> tuple[mx.array, int, int]:
     """The tensor ``name`` of the parts at the positions a window layer reads at ``num_tokens``
-    (``[0, keep)`` and ``[num_tokens - reach, num_tokens)``, or all of them when these meet),
-    concatenated on the token axis (-2), and ``(head, first)``: the array holds positions
-    ``[0, head)`` then ``[first, num_tokens)``.
+    (`window_reads`), concatenated on the token axis (-2), and ``(head, first)``: the array
+    holds positions ``[0, head)`` then ``[first, num_tokens)``.
 
     Raises:
         ValueError: a part holding a read position lacks ``name`` (its window part was dropped
             where `CacheSpec.hit_end` would not have allowed).
     """
-    first = max(0, num_tokens - reach)
-    head = min(keep, first)
+    reads = window_reads(num_tokens, reach, keep)
+    (_, head), (first, _) = reads
     pieces = []
     pos = 0
     for payload, n in parts:
         a, b = pos, pos + n
         pos = b
-        for lo, hi in ((0, head), (first, num_tokens)):
+        for lo, hi in reads:
             lo, hi = max(lo, a), min(hi, b)
             if lo >= hi:
                 continue

@@ -48,7 +48,8 @@ from omlx.cache.paged import TAIL_SLACK_TOKENS, BlockPool, WindowParts
 from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
 from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPolicy
 from omlx.config import ServerConfig
-from omlx.engine.cache_spec import ATTENTION, CacheSpec, Payload, has_snapshot, payload_bytes, spec_of_model
+from omlx.engine.cache_spec import (ATTENTION, CacheSpec, Payload, has_snapshot, overlaps, payload_bytes, spec_of_model,
+                                    window_reads)
 from omlx.engine.loader import LoadedModel
 from omlx.units import format_bytes, format_rate
 
@@ -294,13 +295,12 @@ class PrefixCacheTiers:
         through before it was dropped); the refilled payload replaces the part in ``hit.parts``.
         """
         n = hit.num_cached_tokens
-        reach, keep = self.spec.window_reach
-        lo, head = max(0, n - reach), min(keep, n)
+        reads = window_reads(n, *self.spec.window_reach)
         wanted: list[tuple[int, Any]] = []  # (index in parts, held block)
         pos = 0
         for i, (payload, used) in enumerate(hit.parts):
             a, pos = pos, pos + used
-            if (a < head or (pos > lo and a < n)) and not self.spec.has_window_part(payload):  # type: ignore[arg-type]
+            if overlaps(a, pos, reads) and not self.spec.has_window_part(payload):  # type: ignore[arg-type]
                 block = next((b for b in hit.held if b.payload is payload), None)
                 if block is None:
                     return usable
