@@ -149,8 +149,9 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
     from omlx.api.server import run_app
     from omlx.api.server import make_private_dir, startup_status
     from omlx.cluster.prefix_cache import WHOLE_HITS_NOTE
-    from omlx.cluster.worker import ClusterEngine
+    from omlx.cluster.worker import ClusterPipeline
     from omlx.config import ModelSettings
+    from omlx.engine.engine import Engine
     from omlx.engine.factory import PoolEntry, model_formats
     from omlx.engine.loader import LoadedModel
     from omlx.errors import OmlxError
@@ -191,11 +192,11 @@ def _serve(cfg: Any, path: Path, config: dict[str, Any], stage: Any, group: Any,
     def loader(mid: str, p: Path, task: str, s: ModelSettings, warm: bool) -> PoolEntry:
         if made or mid != model_id:
             raise OmlxError(f"cluster mode serves only {model_id}, loaded once at start")
-        engine = ClusterEngine(model_id, stage, tokenizer,
-                               scheduler=Scheduler(cfg.max_concurrent_requests, cfg.max_queued_requests),
-                               group=group, timeout_s=timeout_s, state=state, seed=seed,
-                               block_size=cfg.cache.block_size, prefix_cache=tiers,
-                               layer_ranges=[(r.start, r.end) for r in layer_ranges])
+        pipeline = ClusterPipeline(group, timeout_s=timeout_s, state=state, seed=seed, prefix_cache=tiers,
+                                   layer_ranges=[(r.start, r.end) for r in layer_ranges])
+        engine = Engine(model_id, stage, tokenizer,
+                        scheduler=Scheduler(cfg.max_concurrent_requests, cfg.max_queued_requests),
+                        block_size=cfg.cache.block_size, prefix_cache=pipeline.prefix_cache, pipeline=pipeline)
         engine.start()
         entry = PoolEntry(loaded, engine, cache_note, *model_formats(loaded, cfg), settings=s)
         made.append(entry)

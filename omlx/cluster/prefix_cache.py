@@ -133,7 +133,7 @@ class ClusterPrefixCache:
         tiers: rank 0's tiers (its layers).
         group: the process group.
         control: ``(what, message, fn) -> fn()`` after broadcasting ``message``, under the
-            step watchdog (``ClusterEngine.control``); raises ClusterUnavailableError.
+            step watchdog (``ClusterPipeline.control``); raises ClusterUnavailableError.
         layer_ranges: every rank's ``[start, end)``, for the per-rank stats.
     """
 
@@ -146,7 +146,7 @@ class ClusterPrefixCache:
         self._layer_ranges = layer_ranges
         self._next_id = 0
         self._last: Lease | None = None
-        self.allow_whole = False  # set per request by ClusterEngine (greedy only)
+        self.allow_whole = False  # set per request by ClusterPipeline.before_insert (greedy only)
         self._rank_stats: list[dict[str, Any]] = []
         self._rank_stats_at: float | None = None
 

@@ -1,7 +1,7 @@
 """Pipeline workers: rank 0 drives omlx's Engine, the other ranks replay its generator calls.
 
-Owns: the control channel protocol, ``ClusterEngine`` (rank 0: the normal continuous-batching
-Engine whose runner calls are first broadcast to the other ranks), ``run_follower``
+Owns: the control channel protocol, ``ClusterPipeline`` (rank 0: composed into the normal
+continuous-batching Engine, whose runner calls it broadcasts to the other ranks first), ``run_follower``
 (ranks > 0: replay those calls on their own ``BatchRunner`` over their own stage), the start-up
 handshake, and turning a lost peer into ``ClusterUnavailableError``. Must not: speak HTTP (the
 CLI hands rank 0's engine to the normal API app) or choose layer ranges.
@@ -56,7 +56,7 @@ from omlx.engine.engine import Engine
 from omlx.engine.runner import BatchRunner
 from omlx.engine.sampling import make_processors, make_sampler
 from omlx.errors import ClusterUnavailableError, EngineError
-from omlx.request import Failed, Request, SamplingParams
+from omlx.request import Request, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,8 @@ def _generator(stage: StageModel, hello: dict[str, Any]) -> BatchRunner:
 class _ReplicatedGenerator:
     """Rank 0's BatchRunner: every call is broadcast to the followers, then made locally."""
 
-    def __init__(self, engine: ClusterEngine, gen: BatchRunner):
-        self._engine = engine
+    def __init__(self, pipeline: ClusterPipeline, gen: BatchRunner):
+        self._pipeline = pipeline
         self._gen = gen
         self._last_tokens: list[list[int]] = []
 
@@ -116,15 +116,15 @@ class _ReplicatedGenerator:
         return self._gen.num_prefilling
 
     def _call(self, what: str, message: dict[str, Any], fn: Any) -> Any:
-        return self._engine.control(what, message, fn)
+        return self._pipeline.control(what, message, fn)
 
     def insert_segments(self, segments: list[list[list[int]]], **kw: Any) -> list[int]:
-        p = self._engine.pending_sampling
+        p = self._pipeline.pending_sampling
         msg = {"op": "insert", "segments": segments, "max_tokens": kw["max_tokens"],
                "sampling": [dataclasses.asdict(p)], "lease": None, "num_cached": 0}
         caches = kw.get("caches")
-        pc = self._engine.prefix_cache
-        if isinstance(pc, ClusterPrefixCache):
+        pc = self._pipeline.prefix_cache
+        if pc is not None:
             # The followers store the sequence under this lease when rank 0 does, hit or miss.
             msg["lease"] = pc.take_pending(caches[0] if caches else None)
             msg["num_cached"] = len(kw["all_tokens"][0]) if caches else 0
@@ -143,55 +143,53 @@ class _ReplicatedGenerator:
         return self._call("remove", msg, lambda: self._gen.remove(uids, return_prompt_caches=return_prompt_caches))
 
 
-class ClusterEngine(Engine):
-    """Rank 0's engine: omlx's Engine over a StageModel, its generator replayed on every rank.
+class ClusterPipeline:
+    """Rank 0's side of a pipeline, composed into omlx's `Engine` (its `Pipeline`): the engine's
+    runner calls are broadcast to the followers, which replay them (`run_follower`).
 
     Args:
         group: the process group (this is rank 0).
-        stage: rank 0's stage.
         timeout_s: most seconds one step may block before the pipeline counts as lost.
         state: a dict shown in ``/health`` under ``cluster``; ``error`` is set when lost.
+        seed: the PRNG seed every rank starts from.
         prefix_cache: rank 0's KV tiers (its layers only), or None to run without a cache. They
-            are wrapped in a `ClusterPrefixCache`: each lookup, release and store is replayed on
-            every rank (each over its own layers' tiers; a follower without tiers counts 0),
-            and the ranks use the fewest cached tokens any of them holds. Whole-prompt hits
-            only for greedy requests (``omlx.cluster.prefix_cache``).
+            are wrapped in a `ClusterPrefixCache` (``self.prefix_cache``, the engine's cache):
+            each lookup, release and store is replayed on every rank (each over its own layers'
+            tiers; a follower without tiers counts 0), and the ranks use the fewest cached
+            tokens any of them holds. Whole-prompt hits only for greedy requests
+            (``omlx.cluster.prefix_cache``).
         layer_ranges: every rank's ``(start, end)`` (per-rank cache stats).
-        Others as ``Engine``.
     """
 
     #: Constrained decoding is not replayed on the followers' runners (their samplers would need
     #: rank 0's grammar state): the API refuses such requests with a 400 in cluster mode.
     supports_constraints = False
 
-    def __init__(self, model_id: str, stage: StageModel, tokenizer: Any, *, scheduler: Any,
-                 group: ClusterGroup, timeout_s: float, state: dict[str, Any], seed: int,
-                 prefill_step_size: int = 2048, block_size: int = 256, prefix_cache: Any = None,
-                 layer_ranges: list[tuple[int, int]] | None = None):
-        super().__init__(model_id, stage, tokenizer, scheduler=scheduler, prefix_cache=None,
-                         block_size=block_size, prefill_step_size=prefill_step_size)
+    def __init__(self, group: ClusterGroup, *, timeout_s: float, state: dict[str, Any], seed: int,
+                 prefix_cache: Any = None, layer_ranges: list[tuple[int, int]] | None = None):
         self.group = group
         self.state = state
-        self.cluster_error: ClusterUnavailableError | None = None
+        self.seed = seed
+        self.error: ClusterUnavailableError | None = None
         self.pending_sampling = SamplingParams()
-        self._inserting: Any = None
+        self.engine: Engine | None = None
         self.watchdog = Watchdog(timeout_s, self._on_timeout, rank=0)
         self.heartbeat_s = timeout_s / 2
         self._last_message = time.monotonic()
-        if prefix_cache is not None:
-            self.prefix_cache = ClusterPrefixCache(prefix_cache, group, self.control, layer_ranges or [])
-        mx.random.seed(seed)
-        with self.watchdog.step("hello"):
-            group.broadcast_message({
-                "op": "hello", "seed": seed, "max_running": scheduler.max_running,
-                "prefill_step_size": self.prefill_step_size, "mixed_step_size": self.mixed_step_size,
-                "block_size": self.block_size,
-                "stop_token_ids": list(tokenizer.eos_token_ids), "heartbeat_s": self.heartbeat_s,
-            })
+        self.prefix_cache = (ClusterPrefixCache(prefix_cache, group, self.control, layer_ranges or [])
+                             if prefix_cache is not None else None)
 
-    @property
-    def alive(self) -> bool:
-        return self.cluster_error is None and super().alive
+    def attach(self, engine: Engine) -> None:
+        """Seed the PRNG and send the followers the hello that builds their runners like rank 0's."""
+        self.engine = engine
+        mx.random.seed(self.seed)
+        with self.watchdog.step("hello"):
+            self.group.broadcast_message({
+                "op": "hello", "seed": self.seed, "max_running": engine.scheduler.max_running,
+                "prefill_step_size": engine.prefill_step_size, "mixed_step_size": engine.mixed_step_size,
+                "block_size": engine.block_size,
+                "stop_token_ids": list(engine.tokenizer.eos_token_ids), "heartbeat_s": self.heartbeat_s,
+            })
 
     def control(self, what: str, message: dict[str, Any], fn: Any) -> Any:
         """Broadcast ``message`` to the followers, then run ``fn`` here; timed by the watchdog.
@@ -201,8 +199,8 @@ class ClusterEngine(Engine):
         Raises:
             ClusterUnavailableError: the pipeline is (or becomes) lost; it is marked lost.
         """
-        if self.cluster_error is not None:
-            raise self.cluster_error
+        if self.error is not None:
+            raise self.error
         with self.watchdog.step(what):
             try:
                 self._last_message = time.monotonic()
@@ -216,87 +214,61 @@ class ClusterEngine(Engine):
                 self.mark_lost(err)
                 raise err from e
 
-    def submit(self, request: Request, sink: Any) -> None:
-        """As ``Engine.submit``; raises ClusterUnavailableError once the pipeline is lost."""
-        if self.cluster_error is not None:
-            raise self.cluster_error
-        super().submit(request, sink)
-
     def mark_lost(self, error: ClusterUnavailableError) -> None:
         """Record the pipeline as lost (sticky): ``/health`` turns 503 and new requests get 503."""
-        if self.cluster_error is None:
-            self.cluster_error = error
+        if self.error is None:
+            self.error = error
             self.state["error"] = error.message
             self.state["status"] = "lost"
             logger.error("%s", error.message)
 
-    def _idle(self) -> None:
-        # The followers bound their wait for the next message (module docstring): tell them
-        # rank 0 is alive and idle. A lost pipeline sends nothing more.
-        if self.cluster_error is None and time.monotonic() - self._last_message >= self.heartbeat_s:
-            try:
-                self.control("heartbeat", {"op": "ping"}, lambda: None)
-            except ClusterUnavailableError:
-                pass  # marked lost by control(); /health and new requests say so
+    def wrap_runner(self, runner: BatchRunner) -> _ReplicatedGenerator:
+        return _ReplicatedGenerator(self, runner)
 
-    def _on_timeout(self, error: ClusterUnavailableError) -> None:
-        # Watchdog thread: the engine thread is stuck in a collective and cannot be interrupted,
-        # so fail its requests from here (sinks are thread-safe) and stop accepting new ones.
-        self.mark_lost(error)
-        self._fail_everything(error)
-
-    def _fail_everything(self, error: ClusterUnavailableError) -> None:
-        """Fail every running, starting and waiting request with ``error``."""
-        sinks = [st.sink for st in list(self._by_rid.values())] + [sink for _, sink in list(self._ready)]
-        self._ready.clear()
-        self._by_rid.clear()
-        self._by_uid.clear()
-        if self._inserting is not None:
-            sinks.append(self._inserting)
-        self._fail_with_waiting(sinks, error)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the engine, then tell the followers to exit (when the pipeline is still up)."""
-        super().stop(timeout_s)
-        if self.cluster_error is None and (self._thread is None or not self._thread.is_alive()):
-            try:
-                with self.watchdog.step("stop"):
-                    self.group.broadcast_message({"op": "stop"})
-            except ClusterUnavailableError:
-                pass
-
-    # ---- engine thread ----------------------------------------------------------------
-
-    def _new_generator(self) -> Any:
-        return _ReplicatedGenerator(self, super()._new_generator())
-
-    def _insert(self, req: Request, sink: Any) -> None:
+    def before_insert(self, req: Request) -> None:
         if not req.sampling.greedy and req.sampling.seed is None:
             # Unseeded sampling would draw from each process's global PRNG, which the ranks
             # cannot keep in step (other threads draw from it too): give the request its own
             # key chain, sent to every rank with the insert.
             req.sampling = dataclasses.replace(req.sampling, seed=secrets.randbits(63))
         self.pending_sampling = req.sampling
-        if isinstance(self.prefix_cache, ClusterPrefixCache):
+        if self.prefix_cache is not None:
             # A seeded sampler's key chain would advance on rank 0 alone (module docstring).
             self.prefix_cache.allow_whole = req.sampling.greedy
-        self._inserting = sink  # not yet in _by_rid: the watchdog must still reach it
-        try:
-            super()._insert(req, sink)
-        finally:
-            self._inserting = None
 
-    def _retry_batch(self, error: Exception) -> None:
-        # Engine rebuilds its generator and retries; here that would rebuild rank 0's alone.
-        # A failed step leaves the ranks' generators out of step: the pipeline is over.
+    def step_failed(self, error: Exception) -> ClusterUnavailableError:
+        # One node's engine rebuilds its runner and retries; here that would rebuild rank 0's
+        # alone. A failed step leaves the ranks' runners out of step: the pipeline is over.
         err = error if isinstance(error, ClusterUnavailableError) else ClusterUnavailableError(
             f"cluster rank 0: pipeline step failed ({type(error).__name__}: {error}); "
             "restart the workers")
         self.mark_lost(err)
-        self.num_batch_failures += 1
-        self.last_error = err.message
-        self._fail_everything(err)
-        self._stopping = True  # the loop ends; nothing more can run on this group
+        return err
+
+    def idle(self) -> None:
+        # The followers bound their wait for the next message (module docstring): tell them
+        # rank 0 is alive and idle. A lost pipeline sends nothing more.
+        if self.error is None and time.monotonic() - self._last_message >= self.heartbeat_s:
+            try:
+                self.control("heartbeat", {"op": "ping"}, lambda: None)
+            except ClusterUnavailableError:
+                pass  # marked lost by control(); /health and new requests say so
+
+    def stopped(self) -> None:
+        """Tell the followers to exit (when the pipeline is still up)."""
+        if self.error is None:
+            try:
+                with self.watchdog.step("stop"):
+                    self.group.broadcast_message({"op": "stop"})
+            except ClusterUnavailableError:
+                pass
+
+    def _on_timeout(self, error: ClusterUnavailableError) -> None:
+        # Watchdog thread: the engine thread is stuck in a collective and cannot be interrupted,
+        # so fail its requests from here (sinks are thread-safe) and stop accepting new ones.
+        self.mark_lost(error)
+        if self.engine is not None:
+            self.engine.fail_everything(error)
 
 
 def run_follower(group: ClusterGroup, stage: StageModel, cache: FollowerPrefixCache | None = None) -> int:

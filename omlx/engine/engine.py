@@ -84,6 +84,38 @@ class PrefixCache(Protocol):
     def release(self, lease: PrefixLease) -> None: ...
 
 
+class Pipeline(Protocol):
+    """A runner that spans processes (cluster mode: `omlx.cluster.worker.ClusterPipeline`).
+
+    The engine composes it; it never subclasses the engine. ``None`` on one node. Every method
+    runs on the engine thread unless said otherwise.
+    """
+
+    #: Whether requests may carry a `Constraint` (the API refuses them with a 400 otherwise).
+    supports_constraints: bool
+    #: Sticky once set (any thread): the pipeline is lost; the engine is no longer alive and
+    #: ``submit`` raises it.
+    error: ClusterUnavailableError | None
+
+    def attach(self, engine: Engine) -> None:
+        """Called once from ``Engine.__init__``, after the engine's settings are final."""
+
+    def wrap_runner(self, runner: BatchRunner) -> Any:
+        """The runner the engine drives: ``runner``'s calls, made on every rank."""
+
+    def before_insert(self, request: Request) -> None:
+        """Prepare ``request`` for the ranks (may replace ``request.sampling``)."""
+
+    def step_failed(self, error: Exception) -> ClusterUnavailableError:
+        """A runner step raised: the error every request fails with. The engine then stops."""
+
+    def idle(self) -> None:
+        """About every 50 ms while nothing runs or waits (a heartbeat to the other ranks)."""
+
+    def stopped(self) -> None:
+        """The engine thread has ended (from the thread that called ``Engine.stop``)."""
+
+
 @dataclass(slots=True)
 class _Running:
     request: Request
@@ -169,10 +201,8 @@ class Engine:
             tokenizer's).
         make_cache: fresh per-layer caches for a new sequence (``--kv-bits``:
             `CacheSpec.make_cache` of the quantized layout); None = mlx-lm's ``make_prompt_cache``.
+        pipeline: the runner's other ranks (cluster mode; `Pipeline`), or None on one node.
     """
-
-    #: Requests may carry a `Constraint` (structured outputs, forced tool calls).
-    supports_constraints = True
 
     def __init__(
         self,
@@ -192,6 +222,7 @@ class Engine:
         num_draft_tokens: int = 0,
         max_tpot_slowdown: float = 0.0,
         pad_shapes: bool = False,
+        pipeline: Pipeline | None = None,
     ):
         self.model_id = model_id
         self.model = model
@@ -228,6 +259,12 @@ class Engine:
         self.num_retried_requests = 0
         self.last_error: str | None = None
         self.last_step_s = 0.0  # time.monotonic() of the last step run with work
+        self._inserting: Sink | None = None  # the request being inserted (not yet in _by_rid)
+        self.pipeline = pipeline
+        #: Requests may carry a `Constraint` (structured outputs, forced tool calls).
+        self.supports_constraints = pipeline is None or pipeline.supports_constraints
+        if pipeline is not None:
+            pipeline.attach(self)
 
     # ---- called from any thread -------------------------------------------------------
 
@@ -243,10 +280,13 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.pipeline is not None and (self._thread is None or not self._thread.is_alive()):
+            self.pipeline.stopped()
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        return (self._thread is not None and self._thread.is_alive() and not self._stopping
+                and (self.pipeline is None or self.pipeline.error is None))
 
     def submit(self, request: Request, sink: Sink) -> None:
         """Queue a request; events go to ``sink`` from the engine thread.
@@ -254,7 +294,10 @@ class Engine:
         Raises:
             RateLimitError: the queue is full.
             EngineError: the engine is not running.
+            ClusterUnavailableError: the engine's pipeline is lost.
         """
+        if self.pipeline is not None and self.pipeline.error is not None:
+            raise self.pipeline.error
         if not self.alive:
             raise EngineError(f"engine for {self.model_id} is not running")
         self._sinks[request.request_id] = sink
@@ -344,9 +387,9 @@ class Engine:
 
     # ---- engine thread ----------------------------------------------------------------
 
-    def _new_generator(self) -> BatchRunner:
+    def _new_generator(self) -> Any:
         hook = self._on_prefill_chunk if self._caches_blocks_early() else None
-        return BatchRunner(
+        runner = BatchRunner(
             self.model,
             stop_tokens=[(t,) for t in self.tokenizer.eos_token_ids],
             prefill_step_size=self.prefill_step_size,
@@ -360,6 +403,7 @@ class Engine:
             max_tpot_slowdown=self.max_tpot_slowdown,
             pad_shapes=self.pad_shapes,
         )
+        return runner if self.pipeline is None else self.pipeline.wrap_runner(runner)
 
     @property
     def grammars(self) -> Grammars:
@@ -443,8 +487,21 @@ class Engine:
         self._fail_with_waiting(sinks, gone)
 
     def _idle(self) -> None:
-        """Engine thread, about every 50 ms while nothing runs or waits; a hook for subclasses
-        (the cluster's rank 0 sends its heartbeat here)."""
+        """Engine thread, about every 50 ms while nothing runs or waits."""
+        if self.pipeline is not None:
+            self.pipeline.idle()  # the cluster's rank 0 sends its heartbeat
+
+    def fail_everything(self, error: Exception) -> None:
+        """Fail every running, starting and waiting request with ``error`` (any thread: the
+        cluster's watchdog calls it while the engine thread is stuck in a collective)."""
+        sinks: list[Sink | None] = [st.sink for st in list(self._by_rid.values())]
+        sinks += [sink for _, sink in list(self._ready)]
+        self._ready.clear()
+        self._by_rid.clear()
+        self._by_uid.clear()
+        if self._inserting is not None:
+            sinks.append(self._inserting)
+        self._fail_with_waiting(sinks, error)
 
     def _fail_with_waiting(self, sinks: list[Sink | None], error: Exception) -> None:
         """Send ``Failed(error)`` to ``sinks`` and to every request still waiting (which leaves
@@ -476,9 +533,18 @@ class Engine:
     def _retry_batch(self, error: Exception) -> None:
         """The batched step failed without saying for whom: rebuild the batch and resume every
         request from its prompt plus the tokens it already produced (greedy output is unchanged).
-        A request that has been in more than ``MAX_STEP_RETRIES`` failed steps fails."""
+        A request that has been in more than ``MAX_STEP_RETRIES`` failed steps fails.
+
+        With a pipeline, a failed step leaves the ranks' runners out of step: every request
+        fails with the pipeline's error and the engine stops."""
         self.num_batch_failures += 1
         self.last_error = f"{type(error).__name__}: {error}"
+        if self.pipeline is not None:
+            err = self.pipeline.step_failed(error)
+            self.last_error = err.message
+            self.fail_everything(err)
+            self._stopping = True  # the loop ends; nothing more can run on this pipeline
+            return
         survivors = list(self._by_uid.values())
         logger.error("batch step failed (%s: %s); retrying its %d request(s) in a fresh batch",
                      type(error).__name__, error, len(survivors), exc_info=error)
@@ -608,6 +674,17 @@ class Engine:
         return None
 
     def _insert(self, req: Request, sink: Sink) -> None:
+        if self.pipeline is None:
+            self._insert_one(req, sink)
+            return
+        self.pipeline.before_insert(req)
+        self._inserting = sink  # not yet in _by_rid: fail_everything must still reach it
+        try:
+            self._insert_one(req, sink)
+        finally:
+            self._inserting = None
+
+    def _insert_one(self, req: Request, sink: Sink) -> None:
         tokens = req.prompt_token_ids
         p = req.sampling
         rid = req.request_id

@@ -161,3 +161,16 @@ def test_request_parking_stays_in_the_request_holds(path):
 def test_small_new_modules_have_no_framework(rel):
     for name in _imports(PKG / rel):
         assert name.split(".")[0] not in ("sanic", "mlx", "mlx_lm"), f"{rel} imports {name}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_nothing_subclasses_the_engine(path):
+    """The engine is composed, never subclassed (issue 18): the cluster's rank 0 hands the
+    engine a `Pipeline` (omlx.cluster.worker.ClusterPipeline) instead of overriding its private
+    step-loop methods."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            bases = [ast.unparse(b) for b in node.bases]
+            assert not any(b.split(".")[-1] == "Engine" for b in bases), \
+                f"{path.relative_to(PKG)}: class {node.name}({', '.join(bases)}) subclasses the engine"
