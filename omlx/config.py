@@ -7,7 +7,8 @@ else. Every key is a model field whose ``description`` is its documentation (the
 configuration table is generated from it: ``python -m omlx.cli.config_table``); its TOML key and
 environment variable are derived from the field (`setting_keys`). A mistake in any source is a
 `ConfigError` naming the source (file, environment, command line), the key as that source names it
-(TOML key, ``OMLX_*`` variable, ``--flag``) and what was expected; every source is checked, also
+(TOML key, ``OMLX_*`` variable, ``--flag``) and what was expected (for an unknown key, the closest
+known one: `did_you_mean`); every source is checked, also
 where a higher one overrides it, and every number has a range (`Bounds`). ``OMLX_*`` variables that
 name no setting are not errors (other tools may set their own): `unknown_env` lists them for a
 start-up warning.
@@ -66,7 +67,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
                       field_validator, model_validator)
@@ -678,6 +679,14 @@ OTHER_ENV = {
 }
 
 
+def did_you_mean(name: str, known: Iterable[str] | Mapping[str, str]) -> str:
+    """`` (did you mean X?)`` with X the closest of ``known`` to ``name`` (difflib's ratio >= 0.6),
+    or ``""``; a mapping is matched on its keys and names their values."""
+    shown = known if isinstance(known, Mapping) else {k: k for k in known}
+    close = difflib.get_close_matches(name, list(shown), n=1)
+    return f" (did you mean {shown[close[0]]}?)" if close else ""
+
+
 def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
     """One line for each ``OMLX_*`` variable of ``env`` (default ``os.environ``) that omlx does not
     read, with the closest name it does read when one is close (difflib), for a start-up warning.
@@ -690,9 +699,8 @@ def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
     tails = {name.removeprefix("OMLX_"): name for name in known}
     lines = []
     for name in sorted(n for n in env if n.startswith("OMLX_") and n not in known):
-        close = difflib.get_close_matches(name.removeprefix("OMLX_"), tails, n=1)
-        hint = f" (did you mean {tails[close[0]]}?)" if close else ""
-        lines.append(f"environment variable {name} is not an omlx setting and is ignored{hint}")
+        lines.append(f"environment variable {name} is not an omlx setting and is ignored"
+                     f"{did_you_mean(name.removeprefix('OMLX_'), tails)}")
     return lines
 
 
@@ -740,9 +748,12 @@ class _EnvSource(PydanticBaseSettingsSource):
 
 class _FileSource(TomlConfigSettingsSource):
     """The TOML file -> nested values under the model's attribute names (``[memory] ceiling`` ->
-    ``memory.ceiling_bytes``, ``[models."<id>"]`` -> ``model_settings``; `setting_keys`)."""
+    ``memory.ceiling_bytes``, ``[models."<id>"]`` -> ``model_settings``; `setting_keys`);
+    ``written`` keeps the key as the file wrote it where that is not its TOML key (for errors)."""
 
     def __init__(self, settings_cls: type[BaseSettings], path: Path):
+        if path.is_dir():
+            raise ConfigError(f"cannot read config file {path}: it is a directory (name the file, e.g. {path / 'config.toml'})")
         if not path.is_file():
             raise ConfigError(f"cannot read config file {path}: no such file")
         try:
@@ -754,9 +765,11 @@ class _FileSource(TomlConfigSettingsSource):
         # a key as the file names it, else by its attribute name (`[memory] ceiling_bytes`)
         by_toml = {**{k.path: k for k in keys}, **{tuple(k.toml.split(".")): k for k in keys}}
         values: dict[str, Any] = {}
+        self.written: dict[tuple[str, ...], str] = {}
         for top, value in self.toml_data.items():
             if top == "models" and not isinstance(value, Mapping):
                 _put(values, ("models",), value)  # `models = [...]`: a list of models, as `model`
+                self.written[("models",)] = "models"
                 continue
             items = value.items() if isinstance(value, Mapping) and top in ("cache", "memory", "cluster") else [(None, value)]
             for sub, v in items:
@@ -766,6 +779,8 @@ class _FileSource(TomlConfigSettingsSource):
                     raise ConfigError(f"{key.toml} cannot be set in config file {path}: only by environment variable "
                                       f"{key.env}")
                 _put(values, key.path if key else where, v)
+                if key is not None and key.toml != ".".join(where):
+                    self.written[key.path] = ".".join(where)
         self.init_kwargs = values
 
     def __call__(self) -> dict[str, Any]:
@@ -821,8 +836,16 @@ class _Sources:
                 if source == "env":
                     var = next(v for k, v in self.env.names.items() if k[:n] == loc[:n])
                     return var, "the environment", _at(tree, loc)
-                return _toml_key(loc), f"config file {self.file.path}", _at(tree, loc)  # type: ignore[union-attr]
+                return self._file_key(loc), f"config file {self.file.path}", _at(tree, loc)  # type: ignore[union-attr]
         return _dotted(loc), "the defaults", None
+
+    def _file_key(self, loc: tuple[Any, ...]) -> str:
+        """The key at ``loc`` as the file wrote it (``models = 3`` is ``models``, not ``model``)."""
+        written = self.file.written if self.file is not None else {}
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in written:
+                return ".".join([written[loc[:n]], *map(str, loc[n:])])
+        return _toml_key(loc)
 
     def _flag(self, loc: tuple[Any, ...]) -> str:
         for key in setting_keys():
@@ -852,6 +875,18 @@ def _toml_key(loc: tuple[Any, ...]) -> str:
     return _dotted(loc)
 
 
+def _keys_in(table: tuple[Any, ...]) -> list[str]:
+    """The keys a TOML table takes, as written there: top level (with the sections' keys dotted,
+    ``cache.block_size``, which TOML reads as ``[cache] block_size``), a section, a
+    ``[models."<id>"]`` table or one of its profiles."""
+    if table[:1] == ("model_settings",):
+        return list(PROFILE_KEYS) if "profiles" in table else list(ModelSettings.model_fields)
+    keys = [k for k in setting_keys() if "file" in k.sources]
+    if not table:
+        return [k.toml for k in keys]
+    return [k.toml.split(".")[-1] for k in keys if k.path[0] == table[0]]
+
+
 #: pydantic error types -> what was expected (the rest keep pydantic's message).
 _EXPECTED = {
     "int_parsing": "expected an integer", "int_type": "expected an integer",
@@ -874,9 +909,10 @@ def _message(err: Mapping[str, Any], sources: _Sources) -> str:
     key, origin, value = sources.origin(loc)
     if err["type"] == "extra_forbidden":
         *table, name = loc
+        hint = did_you_mean(str(name), _keys_in(tuple(table)))
         if table[:1] == ["model_settings"]:
-            return f"unknown setting {name!r} in [{_toml_key(tuple(table))}], from {origin}"
-        return f"unknown {table[0] + ' ' if table else ''}setting {name!r}, from {origin}"
+            return f"unknown setting {name!r} in [{_toml_key(tuple(table))}]{hint}, from {origin}"
+        return f"unknown {table[0] + ' ' if table else ''}setting {name!r}{hint}, from {origin}"
     reason = _EXPECTED.get(err["type"]) or (str(cause) if cause is not None else err["msg"])
     if not isinstance(cause, _Bad):
         value = err.get("input")

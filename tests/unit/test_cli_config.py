@@ -47,6 +47,12 @@ def test_serve_refuses_a_bad_file_value_that_a_flag_overrides(tmp_path: Path):
                     f"from config file {tmp_path / 'config.toml'}")
 
 
+def test_serve_says_a_config_path_that_is_a_directory_is_one(tmp_path: Path):
+    line = _serve(tmp_path, ["--config", str(tmp_path)])
+    assert line == (f"omlx: cannot read config file {tmp_path}: it is a directory "
+                    f"(name the file, e.g. {tmp_path / 'config.toml'})")
+
+
 def test_serve_refuses_a_bad_per_model_number_and_an_unknown_tool_dialect(tmp_path: Path):
     line = _serve(tmp_path, [], config='[models."smol"]\nmax_output_tokens = -1\n')
     assert line.startswith('omlx: bad value for models."smol".max_output_tokens: -1 (expected an integer >= 1), from config file')

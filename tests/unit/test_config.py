@@ -264,8 +264,36 @@ def test_a_cross_key_check_names_the_key_a_source_set(tmp_path: Path):
 def test_a_missing_or_unreadable_config_file_is_a_config_error(tmp_path: Path):
     with pytest.raises(ConfigError, match="cannot read config file .*: no such file"):
         load_config({}, {}, tmp_path / "missing.toml")
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError, match="cannot read config file .*: it is a directory"):
         load_config({}, {"OMLX_CONFIG": str(tmp_path)}, None)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("prot = 8000\n", "unknown setting 'prot' (did you mean port?), from config file"),
+    ("block_size = 64\n", "unknown setting 'block_size' (did you mean cache.block_size?), from config file"),
+    ("[cache]\nblok_size = 64\n", "unknown cache setting 'blok_size' (did you mean block_size?), from config file"),
+    ("[memory]\nsoft_watermrk = 0.5\n", "unknown memory setting 'soft_watermrk' (did you mean soft_watermark?)"),
+    ('[models."m"]\ncontxt_length = 9\n', "unknown setting 'contxt_length' in [models.\"m\"] (did you mean context_length?)"),
+    ('[models."m".profiles.p]\ndefault_temprature = 0.1\n',
+     "unknown setting 'default_temprature' in [models.\"m\".profiles.p] (did you mean default_temperature?)"),
+    ("zzz = 1\n", "unknown setting 'zzz', from config file"),  # nothing close: no guess
+])
+def test_an_unknown_file_key_names_the_closest_known_key(tmp_path: Path, text: str, want: str):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config({}, {}, f)
+    assert str(e.value).startswith(want), str(e.value)
+
+
+def test_a_bad_value_is_named_as_the_file_wrote_its_key(tmp_path: Path):
+    f = tmp_path / "c.toml"
+    f.write_text("models = 3\n")  # `models = [...]` is read as `model`: the error still says models
+    with pytest.raises(ConfigError, match=r"^bad value for models: 3 \(expected a list\), from config file"):
+        load_config({}, {}, f)
+    f.write_text("[memory]\nceiling_bytes = 'lots'\n")
+    with pytest.raises(ConfigError, match=r"^bad value for memory\.ceiling_bytes: 'lots'"):
+        load_config({}, {}, f)
 
 
 def test_server_config_built_directly_reads_no_environment(monkeypatch: pytest.MonkeyPatch):
