@@ -10,7 +10,8 @@ from typing import Annotated, Any, Mapping, Optional
 import typer
 
 from omlx.cli.common import config_from, reexec_with_blas, setup_logging, warn_unknown_env
-from omlx.config import ServerConfig, parse_pairs
+from omlx.config import ServerConfig
+from omlx.config_values import parse_pairs
 
 logger = logging.getLogger("omlx.serve")
 

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from omlx.config import ServerConfig, SettingKey, load_config, parse_size, setting_keys
+from omlx.config import ServerConfig, SettingKey, load_config, setting_keys
+from omlx.config_values import parse_size
 from omlx.errors import ConfigError, InvalidRequestError
 
 
@@ -314,7 +315,8 @@ def test_the_config_and_its_sections_are_frozen():
 
 # ---- ranges, every source checked, names as the user wrote them (#20, the fresh-user check) -------
 
-from omlx.config import PROFILE_KEYS, ModelSettings, bounds_of, unknown_env  # noqa: E402
+from omlx.config import PROFILE_KEYS, ModelSettings, unknown_env  # noqa: E402
+from omlx.config_values import bounds_of  # noqa: E402
 from omlx.tool_parsers import resolve_dialect_name  # noqa: E402
 
 MODEL_NUMBERS = [n for n, i in ModelSettings.model_fields.items() if "int" in str(i.annotation) or "float" in str(i.annotation)]
