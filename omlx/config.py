@@ -77,7 +77,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from omlx.config_values import (Bounds, Count, Int, Names, OptSize, Port, Positive, Seconds, Share, Size, as_pairs,
-                                int_in, none_for, num_in, optional)
+                                int_in, none_for, num_in, optional, parse_peer)
 from omlx.errors import ConfigError
 
 DEFAULT_BASE_PATH = "~/.omlx"
@@ -300,10 +300,8 @@ class ClusterConfig(_Frozen):
     @field_validator("peers", mode="after")
     @classmethod
     def _peers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for peer in v:  # as omlx.cluster.agent.parse_peer reads them
-            host, sep, port = peer.strip().rpartition(":")
-            if not peer.strip() or (sep and (not host or not port.isdigit() or not 0 < int(port) < 65536)):
-                raise ValueError(f"peer {peer!r}: expected host or host:port, the port from 1 to 65535")
+        for peer in v:  # as the cluster agent reads them (ValueError naming the peer)
+            parse_peer(peer, default_port=cls.model_fields["control_port"].default)
         return v
 
     @model_validator(mode="after")

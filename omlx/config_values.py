@@ -1,7 +1,7 @@
 """Config value types: what a source (TOML file, ``OMLX_*`` variable, flag) may write for a key,
 and the range a number key accepts. pydantic ``Annotated`` types with before-validators (a
 string from the environment -> the value; true/false refused for numbers) and after-validators
-(`Bounds`); the parsers behind them (`parse_size`, `parse_pairs`).
+(`Bounds`); the parsers behind them (`parse_size`, `parse_pairs`, `parse_peer`).
 
 Must not: import anything of omlx; know about keys or sources (`omlx.config` does).
 """
@@ -88,6 +88,21 @@ def parse_pairs(items: str | list[str] | tuple[str, ...]) -> dict[str, str]:
             raise ValueError(f"expected NAME=TARGET, got {item!r}")
         out[name.strip()] = target.strip()
     return out
+
+
+def parse_peer(text: str, default_port: int) -> tuple[str, int]:
+    """A cluster peer ``"host:port"`` -> (host, port), an IPv6 host's brackets dropped
+    (``"[fe80::1]:9000"`` -> ``("fe80::1", 9000)``); a bare host gets ``default_port``.
+
+    Raises:
+        ValueError: an empty host, or a port that is not an integer from 1 to 65535.
+    """
+    host, sep, port = text.strip().rpartition(":")
+    if not sep:
+        host, port = text.strip(), str(default_port)
+    if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"peer {text!r}: expected host or host:port, the port from 1 to 65535")
+    return host.strip("[]"), int(port)
 
 
 def as_pairs(value: Any) -> Any:
