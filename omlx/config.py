@@ -759,9 +759,18 @@ def _message(err: Mapping[str, Any], sources: _Sources) -> str:
         if table[:1] == ["model_settings"]:
             return f"unknown setting {name!r} in [{_toml_key(tuple(table))}]{hint}, from {origin}"
         return f"unknown {table[0] + ' ' if table else ''}setting {name!r}{hint}, from {origin}"
-    reason = _EXPECTED.get(err["type"]) or (str(cause) if cause is not None else err["msg"])
-    if not isinstance(cause, _Bad):
-        value = err.get("input")
+    return bad_value(key, value if isinstance(cause, _Bad) else err.get("input"), expected(err), origin)
+
+
+def expected(err: Mapping[str, Any]) -> str:
+    """What one pydantic error says was expected (``expected an integer``), else its own message."""
+    cause = (err.get("ctx") or {}).get("error")
+    return _EXPECTED.get(err["type"]) or (str(cause) if cause is not None else err["msg"])
+
+
+def bad_value(key: str, value: Any, reason: str, origin: str) -> str:
+    """``bad value for KEY: VALUE (REASON), from ORIGIN``: the one wording of a bad value, also for a
+    typed command-line option refused before the config sees it (`omlx.cli.common.OneLineErrors`)."""
     shown = "" if isinstance(value, (Mapping, BaseModel)) else f": {value!r}"
     return f"bad value for {key}{shown} ({reason}), from {origin}"
 

@@ -35,6 +35,9 @@ def _serve(tmp_path: Path, args: list[str], env: dict[str, str] | None = None, c
     (["--max-tpot-slowdown", "-1"], None, None, "omlx: bad value for --max-tpot-slowdown: -1.0 (expected a number >= 0), from the command line"),
     (["--memory-ceiling", "lots"], None, None, "omlx: bad value for --memory-ceiling: 'lots' (not a byte size: 'lots' (use e.g. 512MB, 8GB)), from the command line"),
     ([], {"OMLX_MAX_TPOT_SLOWDOWN": "fast"}, None, "omlx: bad value for OMLX_MAX_TPOT_SLOWDOWN: 'fast' (expected a number), from the environment"),
+    # a value the option's type refuses (Typer checks it first) reads like the config's own errors
+    (["--port", "abc"], None, None, "omlx: bad value for --port: 'abc' (expected an integer), from the command line"),
+    (["--max-tpot-slowdown=fast"], None, None, "omlx: bad value for --max-tpot-slowdown: 'fast' (expected a number), from the command line"),
 ])
 def test_serve_names_the_flag_or_variable_and_exits_2(tmp_path: Path, args: list[str], env: dict[str, str] | None,
                                                       config: str | None, want: str):
@@ -45,6 +48,13 @@ def test_serve_refuses_a_bad_file_value_that_a_flag_overrides(tmp_path: Path):
     line = _serve(tmp_path, ["--port", "8123"], config="port = 99999\n")
     assert line == (f"omlx: bad value for port: 99999 (expected an integer from 1 to 65535), "
                     f"from config file {tmp_path / 'config.toml'}")
+
+
+def test_every_command_answers_a_mistyped_option_value_in_one_line(tmp_path: Path):
+    r = runner.invoke(app, ["start", "--base-path", str(tmp_path), "--port", "abc"])
+    assert (r.exit_code, r.output) == (2, "omlx: bad value for --port: 'abc' (expected an integer), from the command line\n")
+    r = runner.invoke(app, ["serve", "--bogus"])  # not a value: Typer's usage message, still exit 2
+    assert r.exit_code == 2 and "No such option: --bogus" in r.output
 
 
 def test_serve_says_a_config_path_that_is_a_directory_is_one(tmp_path: Path):
