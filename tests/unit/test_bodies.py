@@ -246,7 +246,8 @@ def _route_call(body: dict):
             submitted.append(request)
             raise RateLimitError("test: not generating")
 
-    entry = PoolEntry(SimpleNamespace(model_id="m", tokenizer=tok, context_length=1000), Engine(), settings=ModelSettings())
+    entry = PoolEntry(SimpleNamespace(model_id="m", tokenizer=tok, context_length=1000, template_reads_tools=True), Engine(),
+                      settings=ModelSettings())
 
     class Pool:
         num_leases = 0
