@@ -137,6 +137,8 @@ class _Bad(ConfigError, ValueError):
 Temperature = num_in(0.0, 2.0)
 Fraction = num_in(0.0, 1.0)
 Penalty = num_in(0.01, 10.0)
+#: A number of output tokens (`omlx.api.bodies.base.Tokens`: a signed 32-bit integer).
+Tokens = int_in(1, 2**31 - 1)
 
 #: ModelSettings fields a profile may set: per-request behaviour, never what is loaded.
 PROFILE_KEYS = (
@@ -160,8 +162,8 @@ class ModelSettings(_Frozen):
     default_top_k: optional(Count) = Field(None, description="top-k when a request leaves it out")
     default_min_p: optional(Fraction) = Field(None, description="min-p when a request leaves it out")
     default_repetition_penalty: optional(Penalty) = Field(None, description="repetition penalty when a request leaves it out")
-    default_max_tokens: optional(Positive) = Field(None, description="output token limit when a request leaves it out")
-    max_output_tokens: optional(Positive) = Field(None, description=(
+    default_max_tokens: optional(Tokens) = Field(None, description="output token limit when a request leaves it out")
+    max_output_tokens: optional(Tokens) = Field(None, description=(
         "most tokens one response may generate; a request asking for more (Claude Code asks for 32000+) "
         "is clamped to it; none: only the context limits it"))
     enable_thinking: StrictBool | None = Field(None, description=(

@@ -126,7 +126,7 @@ class Bounds:
     def words(self, integer: bool) -> str:
         """The range in words: ``an integer from 1 to 65535``, ``a number > 0``."""
         kind = "an integer" if integer else "a number"
-        lo, hi = (None if b is None else f"{b:g}" for b in (self.lo, self.hi))
+        lo, hi = (None if b is None else str(int(b)) if float(b).is_integer() else f"{b:g}" for b in (self.lo, self.hi))
         if lo is not None and hi is not None:
             return f"{kind} {'>' if self.open_lo else 'from'} {lo} {'and <=' if self.open_lo else 'to'} {hi}"
         if lo is not None:

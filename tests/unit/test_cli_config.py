@@ -65,7 +65,7 @@ def test_serve_says_a_config_path_that_is_a_directory_is_one(tmp_path: Path):
 
 def test_serve_refuses_a_bad_per_model_number_and_an_unknown_tool_dialect(tmp_path: Path):
     line = _serve(tmp_path, [], config='[models."smol"]\nmax_output_tokens = -1\n')
-    assert line.startswith('omlx: bad value for models."smol".max_output_tokens: -1 (expected an integer >= 1), from config file')
+    assert line.startswith('omlx: bad value for models."smol".max_output_tokens: -1 (expected an integer from 1 to 2147483647), from config file')
     line = _serve(tmp_path, [], config='[models."smol"]\ntool_dialect = "hermess"\n')
     assert line.startswith("omlx: bad value for models.\"smol\".tool_dialect: 'hermess' (unknown tool dialect 'hermess'; "
                            "use one of: ") and "hermes" in line

@@ -378,7 +378,7 @@ def test_max_output_tokens_minus_one_was_a_500_and_is_now_refused_at_start(tmp_p
     f = tmp_path / "c.toml"
     f.write_text('[models."SmolLM2-135M-Instruct"]\nmax_output_tokens = -1\n')
     with pytest.raises(ConfigError, match=r'^bad value for models\."SmolLM2-135M-Instruct"\.max_output_tokens: -1 '
-                                          r'\(expected an integer >= 1\), from config file '):
+                                          r'\(expected an integer from 1 to 2147483647\), from config file '):
         load_config({}, {}, f)
     f.write_text('[models."m"]\nmax_output_tokens = 1\ndefault_temperature = 2.0\ndefault_top_k = 0\n')
     assert load_config({}, {}, f).model_settings["m"].max_output_tokens == 1
