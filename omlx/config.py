@@ -7,13 +7,14 @@ else. Every key is a model field whose ``description`` is its documentation (the
 configuration table is generated from it: ``python -m omlx.cli.config_table``); its TOML key and
 environment variable are derived from the field (`setting_keys`). A mistake in any source is a
 `ConfigError` naming the source (file, environment, command line), the key as that source names it
-(TOML key, ``OMLX_*`` variable, ``--flag``) and what was expected; every source is checked, also
+(TOML key, ``OMLX_*`` variable, ``--flag``) and what was expected (for an unknown key, the closest
+known one: `did_you_mean`); every source is checked, also
 where a higher one overrides it, and every number has a range (`Bounds`). ``OMLX_*`` variables that
 name no setting are not errors (other tools may set their own): `unknown_env` lists them for a
 start-up warning.
 
-Must not: import anything of omlx but ``omlx.errors``; read the environment outside
-`load_config`.
+Must not: import anything of omlx but ``omlx.errors`` and the value types (``omlx.config_values``);
+read the environment outside `load_config`.
 
 TOML layout::
 
@@ -59,14 +60,11 @@ from __future__ import annotations
 
 import contextvars
 import difflib
-import math
 import os
-import re
 import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping
+from typing import Annotated, Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
                       field_validator, model_validator)
@@ -78,13 +76,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from omlx.config_values import (Bounds, Count, Int, Names, OptSize, Port, Positive, Seconds, Share, Size, as_pairs,
+                                int_in, none_for, num_in, optional, parse_peer)
 from omlx.errors import ConfigError
 
 DEFAULT_BASE_PATH = "~/.omlx"
 #: The environment variable naming the config file (``--config`` on the command line).
 CONFIG_FILE_ENV = "OMLX_CONFIG"
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 #: ``kv_bits`` and ``kv_group_size`` values ``mx.quantize`` supports (affine mode).
 KV_BITS_CHOICES = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZE_CHOICES = (32, 64, 128)
@@ -96,155 +94,6 @@ NUM_RING_PORTS = 32
 SOURCES = ("file", "env", "flags")
 
 
-def parse_size(value: str | int | float) -> int:
-    """Parse a byte size such as ``"8GB"``, ``"512MiB"`` or ``1048576``.
-
-    Returns:
-        The size in bytes.
-
-    Raises:
-        ValueError: if the value is not a size (true/false included).
-    """
-    if isinstance(value, bool):
-        raise ValueError("expected a byte size such as 512MB or 8GB, not true/false")
-    if isinstance(value, (int, float)):
-        return int(value)
-    m = _SIZE_RE.match(str(value))
-    if not m:
-        raise ValueError(f"not a byte size: {value!r} (use e.g. 512MB, 8GB)")
-    unit = (m.group(2) or "").upper()
-    binary = "I" in unit
-    letter = unit[:1] if unit and unit != "B" else ""
-    mult = (1024 ** "KMGT".index(letter) * 1024 if binary else _UNITS[letter]) if letter else 1
-    return int(float(m.group(1)) * mult)
-
-
-# ---- value types: what each source may write for a key ------------------------------------------
-
-
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):  # TOML true would be 1 or 1.0: never what was meant
-        raise ValueError("expected a number, not true/false")
-    return value
-
-
-def _none_for(*words: Any) -> Callable[[Any], Any]:
-    """A before-validator: these values (``"off"``, ``0``, ...) mean None; true/false is refused."""
-    def check(value: Any) -> Any:
-        value = _not_bool(value)
-        if value is None or (isinstance(value, str) and value.strip().lower() in words) or (
-                not isinstance(value, str) and value in words):
-            return None
-        return value
-    return check
-
-
-def _size_or_none(value: Any) -> int | None:
-    return None if value is None or value == "" else parse_size(value)
-
-
-def _names(value: Any) -> Any:
-    """``"a, b"`` (an environment variable, a TOML string) -> ``("a", "b")``."""
-    if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    return value
-
-
-def parse_pairs(items: str | list[str] | tuple[str, ...]) -> dict[str, str]:
-    """``"NAME=TARGET,N2=T2"`` (an environment variable) or ``["NAME=TARGET", ...]`` (``--alias``)
-    -> {NAME: TARGET, N2: T2}, names and targets stripped.
-
-    Raises:
-        ValueError: an item without ``=``, or with an empty name or target.
-    """
-    out: dict[str, str] = {}
-    for item in items.split(",") if isinstance(items, str) else items:
-        if isinstance(items, str) and not item.strip():
-            continue
-        name, sep, target = item.partition("=")
-        if not sep or not name.strip() or not target.strip():
-            raise ValueError(f"expected NAME=TARGET, got {item!r}")
-        out[name.strip()] = target.strip()
-    return out
-
-
-def _pairs(value: Any) -> Any:
-    return parse_pairs(value) if isinstance(value, str) else value
-
-
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    """The range a number key accepts: ``lo <= v <= hi`` (``lo < v`` when ``open_lo``; None:
-    unbounded on that side), NaN and infinities never. An after-validator (None passes: the key
-    is unset); `bounds_of` reads it back for the docs and the tests.
-
-    Raises:
-        ValueError: from ``__call__``, naming the range ("expected an integer from 1 to 65535").
-    """
-
-    lo: float | None = None
-    hi: float | None = None
-    open_lo: bool = False
-
-    def words(self, integer: bool) -> str:
-        """The range in words: ``an integer from 1 to 65535``, ``a number > 0``."""
-        kind = "an integer" if integer else "a number"
-        lo, hi = (None if b is None else f"{b:g}" for b in (self.lo, self.hi))
-        if lo is not None and hi is not None:
-            return f"{kind} {'>' if self.open_lo else 'from'} {lo} {'and <=' if self.open_lo else 'to'} {hi}"
-        if lo is not None:
-            return f"{kind} {'>' if self.open_lo else '>='} {lo}"
-        return f"{kind} <= {hi}" if hi is not None else kind
-
-    def __call__(self, v: Any) -> Any:
-        if v is None:
-            return v
-        bad = (isinstance(v, float) and not math.isfinite(v)) or (self.hi is not None and v > self.hi) or (
-            self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo))
-        if bad:
-            raise ValueError(f"expected {self.words(isinstance(v, int))}")
-        return v
-
-
-def bounds_of(info: FieldInfo) -> Bounds | None:
-    """The `Bounds` a field's type carries, or None."""
-    for meta in info.metadata:
-        if isinstance(getattr(meta, "func", None), Bounds):
-            return meta.func
-    return None
-
-
-def _int(lo: float | None = None, hi: float | None = None) -> Any:
-    """An integer key in [``lo``, ``hi``] (true/false refused); ``| None`` for an optional one."""
-    return Annotated[int, BeforeValidator(_not_bool), AfterValidator(Bounds(lo, hi))]
-
-
-def _num(lo: float | None = None, hi: float | None = None, *, open_lo: bool = False) -> Any:
-    """A finite number key in [``lo``, ``hi``] (``(lo, hi]`` with ``open_lo``)."""
-    return Annotated[float, BeforeValidator(_not_bool), AfterValidator(Bounds(lo, hi, open_lo))]
-
-
-def _opt(tp: Any) -> Any:
-    """``tp`` or None; the bounds stay on the number."""
-    base, *meta = typing.get_args(tp)
-    return Annotated[(base | None, *meta)]
-
-
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Num = Annotated[float, BeforeValidator(_not_bool)]
-Size = Annotated[int, BeforeValidator(parse_size)]
-OptSize = Annotated[int | None, BeforeValidator(_size_or_none)]
-OptInt = Annotated[int | None, BeforeValidator(_not_bool)]
-OptNum = Annotated[float | None, BeforeValidator(_not_bool)]
-Names = Annotated[tuple[str, ...], BeforeValidator(_names)]
-#: A TCP port.
-Port = _int(1, 65535)
-Positive = _int(1)
-Count = _int(0)
-#: Seconds, > 0.
-Seconds = _num(0, open_lo=True)
-#: A fraction of something, in (0, 1].
-Share = _num(0, 1, open_lo=True)
 
 
 def _key(default: Any = None, description: str = "", *, example: Any, toml: str | None = None,
@@ -285,9 +134,11 @@ class _Bad(ConfigError, ValueError):
 
 # The ranges the request APIs enforce on the fields these defaults stand in for
 # (`omlx.api.bodies.openai.Sampling`, the widest of the APIs; a test keeps them equal).
-Temperature = _num(0.0, 2.0)
-Fraction = _num(0.0, 1.0)
-Penalty = _num(0.01, 10.0)
+Temperature = num_in(0.0, 2.0)
+Fraction = num_in(0.0, 1.0)
+Penalty = num_in(0.01, 10.0)
+#: A number of output tokens (`omlx.api.bodies.base.Tokens`: a signed 32-bit integer).
+Tokens = int_in(1, 2**31 - 1)
 
 #: ModelSettings fields a profile may set: per-request behaviour, never what is loaded.
 PROFILE_KEYS = (
@@ -303,21 +154,21 @@ class ModelSettings(_Frozen):
     says what it does). A request's own fields always win over the ``default_*`` ones;
     ``max_output_tokens`` clamps whatever was asked."""
 
-    context_length: _opt(Positive) = Field(None, description="most tokens (prompt + output); none = the model's config")
+    context_length: optional(Positive) = Field(None, description="most tokens (prompt + output); none = the model's config")
     tool_dialect: str | None = Field(None, description=(
         "tool-call format (a dialect of `omlx.tool_parsers`, or one of its aliases); none = detected from the chat template"))
-    default_temperature: _opt(Temperature) = Field(None, description="sampling temperature when a request leaves it out")
-    default_top_p: _opt(Fraction) = Field(None, description="top-p when a request leaves it out")
-    default_top_k: _opt(Count) = Field(None, description="top-k when a request leaves it out")
-    default_min_p: _opt(Fraction) = Field(None, description="min-p when a request leaves it out")
-    default_repetition_penalty: _opt(Penalty) = Field(None, description="repetition penalty when a request leaves it out")
-    default_max_tokens: _opt(Positive) = Field(None, description="output token limit when a request leaves it out")
-    max_output_tokens: _opt(Positive) = Field(None, description=(
+    default_temperature: optional(Temperature) = Field(None, description="sampling temperature when a request leaves it out")
+    default_top_p: optional(Fraction) = Field(None, description="top-p when a request leaves it out")
+    default_top_k: optional(Count) = Field(None, description="top-k when a request leaves it out")
+    default_min_p: optional(Fraction) = Field(None, description="min-p when a request leaves it out")
+    default_repetition_penalty: optional(Penalty) = Field(None, description="repetition penalty when a request leaves it out")
+    default_max_tokens: optional(Tokens) = Field(None, description="output token limit when a request leaves it out")
+    max_output_tokens: optional(Tokens) = Field(None, description=(
         "most tokens one response may generate; a request asking for more (Claude Code asks for 32000+) "
         "is clamped to it; none: only the context limits it"))
     enable_thinking: StrictBool | None = Field(None, description=(
         "reasoning on/off when the request does not say; none = the chat template's default"))
-    ttl_s: _opt(Seconds) = Field(None, description="unload after this many seconds without requests; none = never")
+    ttl_s: optional(Seconds) = Field(None, description="unload after this many seconds without requests; none = never")
     pin: StrictBool = Field(False, description="load at start and never evict")
     aliases: Names = Field((), description="other names requests may use for this model")
     path: str | None = Field(None, description="the model folder (or .gguf) when it is not `<base-path>/models/<id>`")
@@ -379,7 +230,7 @@ class MemoryConfig(_Frozen):
     hard_watermark: Share = _key(0.97, (
         "fraction above which the hot KV caches shrink, then models are evicted, then the youngest "
         "request is aborted"), example=0.99)
-    load_wait_s: _num(0) = _key(120.0, (
+    load_wait_s: num_in(0) = _key(120.0, (
         "how long a request waits for a model to load or for memory to free up before it gets a 507/529"),
         example=30.0)
     check_interval_s: Seconds = _key(1.0, "period of the memory enforcer and TTL checks, in seconds", example=0.5)
@@ -438,7 +289,7 @@ class ClusterConfig(_Frozen):
                                      toml="memory_cap", example="48GB")
     headroom_bytes: Size = _key(2 * 10**9, "memory each node keeps free beyond its stage", toml="headroom", example="4GB")
     context_tokens: Positive = _key(4096, "KV reserve per sequence the plan leaves room for, in tokens", example=8192)
-    worker_port: _int(1, 65535 - NUM_RING_PORTS + 1) = _key(8480, (
+    worker_port: int_in(1, 65535 - NUM_RING_PORTS + 1) = _key(8480, (
         "first port of this node's ring endpoint (mx.distributed) in the hostfile; epoch E uses "
         "worker_port + E % 32, so a new epoch never meets the last one's sockets"), example=9480)
     step_timeout_s: Seconds = _key(30.0, (
@@ -451,10 +302,8 @@ class ClusterConfig(_Frozen):
     @field_validator("peers", mode="after")
     @classmethod
     def _peers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for peer in v:  # as omlx.cluster.agent.parse_peer reads them
-            host, sep, port = peer.strip().rpartition(":")
-            if not peer.strip() or (sep and (not host or not port.isdigit() or not 0 < int(port) < 65536)):
-                raise ValueError(f"peer {peer!r}: expected host or host:port, the port from 1 to 65535")
+        for peer in v:  # as the cluster agent reads them (ValueError naming the peer)
+            parse_peer(peer, default_port=cls.model_fields["control_port"].default)
         return v
 
     @model_validator(mode="after")
@@ -487,7 +336,7 @@ class ServerConfig(BaseSettings):
     models: Names = _key((), (
         "model ids, mlx-lm folders or `.gguf` files to load at start (the first is the default); "
         "none = the embedded SmolLM2-135M-Instruct"), toml="model", example=["smol", "other"])
-    max_concurrent_requests: _int(1, 1024) = _key(8, "requests decoding at once per model", example=3)
+    max_concurrent_requests: int_in(1, 1024) = _key(8, "requests decoding at once per model", example=3)
     max_queued_requests: Count = _key(64, "requests waiting per model beyond those before a 429 with `Retry-After`",
                                     example=16)
     base_path: str = _key(DEFAULT_BASE_PATH, "omlx's home: models, cache, config", example="/tmp/omlx-home")
@@ -498,7 +347,7 @@ class ServerConfig(BaseSettings):
                                example="sk-local")
     max_body_bytes: Size = _key(32 * 1024 * 1024, "larger request bodies get a 413", example="64MB")
     keepalive_s: Seconds = _key(5.0, "seconds between SSE keep-alives while a prompt is queued or prefilled", example=2.0)
-    idle_text_after_s: Annotated[float | None, BeforeValidator(_none_for("", "none", "off")),
+    idle_text_after_s: Annotated[float | None, BeforeValidator(none_for("", "none", "off")),
                                  AfterValidator(Bounds(0))] = _key(60.0, (
         "once a stream has gone this many seconds without content (a long prefill, a long queue wait), "
         "its keep-alives become events the clients' stream idle watchdogs count (*Long first prompts*): "
@@ -516,34 +365,34 @@ class ServerConfig(BaseSettings):
         "answer a 400 for content a text model cannot read (images, documents) instead of serving a placeholder"),
         example=True)
     cache: CacheConfig = Field(default_factory=CacheConfig, description="`[cache]`: the KV cache tiers")
-    aliases: Annotated[Mapping[str, str], BeforeValidator(_pairs)] = _key(None, (
+    aliases: Annotated[Mapping[str, str], BeforeValidator(as_pairs)] = _key(None, (
         "`[aliases]`: requested model id -> served id (e.g. the ids Claude Code asks for); flags, env "
         "(`NAME=TARGET,...`) and file entries are merged, per name the higher source wins"),
         factory=dict, example={"claude-haiku-4-5": "smol"})
-    context_scale_to: Annotated[int | None, BeforeValidator(_none_for("", 0, "0")), AfterValidator(Bounds(1))] = _key(
+    context_scale_to: Annotated[int | None, BeforeValidator(none_for("", 0, "0")), AfterValidator(Bounds(1))] = _key(
         None, (
         "when set, the Anthropic API reports token counts scaled by `context_scale_to / model context` so "
         "a client that assumes this larger window compacts at the model's real limit (`docs/ANTHROPIC.md`); "
         "none reports real counts"), example=200000)
-    kv_bits: Annotated[int | None, BeforeValidator(_none_for("", "none", "off"))] = _key(None, (
+    kv_bits: Annotated[int | None, BeforeValidator(none_for("", "none", "off"))] = _key(None, (
         "quantize every chat model's full-attention KV cache to this many bits (2, 3, 4, 5, 6, 8; mlx-lm's "
         "`QuantizedKVCache`, from the first token, batched by omlx); the prefix cache keeps the quantized "
         "blocks (their own namespace); none keeps the model's dtype (see *--kv-bits* below the table)"),
         example=8)
     kv_group_size: Int = _key(64, "elements per quantization group along the head dim with `kv_bits`: 32, 64 or 128",
                               example=32)
-    prefill_step_size: Annotated[int | None, BeforeValidator(_none_for("", "auto", 0, "0")),
+    prefill_step_size: Annotated[int | None, BeforeValidator(none_for("", "auto", 0, "0")),
                                  AfterValidator(Bounds(1))] = _key(None, (
         "most prompt tokens of one prefill chunk (alone and beside decoding streams), a multiple of the "
         "block size; none = measured per model and device at load (logged). Pin it to make two servers "
         "cut prompts alike (different cuts change the last bits of KV values and logits)"), example=512)
-    max_tpot_slowdown: _num(0) = _key(2.0, (
+    max_tpot_slowdown: num_in(0) = _key(2.0, (
         "prefill pacing: while prompts prefill beside decoding sequences, their mean time per output "
         "token is held to at most this many times a decode-only step by letting a prefill chunk into "
         "only some steps (`omlx.engine.pacing`); a prompt that arrives while nothing decodes, or whose "
         "whole prefill is one chunk, is never held. Values <= 1 turn pacing off (a chunk in every step: "
         "fastest prefill, slowest streams)"), example=3.5)
-    lookup_draft_tokens: _int(0, 64) = _key(0, (
+    lookup_draft_tokens: int_in(0, 64) = _key(0, (
         "experimental prompt-lookup speculative decoding: most tokens drafted per verify step for a "
         "greedy request decoding alone (`omlx.engine.lookup`; output equals plain greedy decoding); "
         "0 = off (see *--lookup-draft-tokens* below the table)"), example=4)
@@ -678,6 +527,14 @@ OTHER_ENV = {
 }
 
 
+def did_you_mean(name: str, known: Iterable[str] | Mapping[str, str]) -> str:
+    """`` (did you mean X?)`` with X the closest of ``known`` to ``name`` (difflib's ratio >= 0.6),
+    or ``""``; a mapping is matched on its keys and names their values."""
+    shown = known if isinstance(known, Mapping) else {k: k for k in known}
+    close = difflib.get_close_matches(name, list(shown), n=1)
+    return f" (did you mean {shown[close[0]]}?)" if close else ""
+
+
 def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
     """One line for each ``OMLX_*`` variable of ``env`` (default ``os.environ``) that omlx does not
     read, with the closest name it does read when one is close (difflib), for a start-up warning.
@@ -690,9 +547,8 @@ def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:
     tails = {name.removeprefix("OMLX_"): name for name in known}
     lines = []
     for name in sorted(n for n in env if n.startswith("OMLX_") and n not in known):
-        close = difflib.get_close_matches(name.removeprefix("OMLX_"), tails, n=1)
-        hint = f" (did you mean {tails[close[0]]}?)" if close else ""
-        lines.append(f"environment variable {name} is not an omlx setting and is ignored{hint}")
+        lines.append(f"environment variable {name} is not an omlx setting and is ignored"
+                     f"{did_you_mean(name.removeprefix('OMLX_'), tails)}")
     return lines
 
 
@@ -740,9 +596,12 @@ class _EnvSource(PydanticBaseSettingsSource):
 
 class _FileSource(TomlConfigSettingsSource):
     """The TOML file -> nested values under the model's attribute names (``[memory] ceiling`` ->
-    ``memory.ceiling_bytes``, ``[models."<id>"]`` -> ``model_settings``; `setting_keys`)."""
+    ``memory.ceiling_bytes``, ``[models."<id>"]`` -> ``model_settings``; `setting_keys`);
+    ``written`` keeps the key as the file wrote it where that is not its TOML key (for errors)."""
 
     def __init__(self, settings_cls: type[BaseSettings], path: Path):
+        if path.is_dir():
+            raise ConfigError(f"cannot read config file {path}: it is a directory (name the file, e.g. {path / 'config.toml'})")
         if not path.is_file():
             raise ConfigError(f"cannot read config file {path}: no such file")
         try:
@@ -754,9 +613,11 @@ class _FileSource(TomlConfigSettingsSource):
         # a key as the file names it, else by its attribute name (`[memory] ceiling_bytes`)
         by_toml = {**{k.path: k for k in keys}, **{tuple(k.toml.split(".")): k for k in keys}}
         values: dict[str, Any] = {}
+        self.written: dict[tuple[str, ...], str] = {}
         for top, value in self.toml_data.items():
             if top == "models" and not isinstance(value, Mapping):
                 _put(values, ("models",), value)  # `models = [...]`: a list of models, as `model`
+                self.written[("models",)] = "models"
                 continue
             items = value.items() if isinstance(value, Mapping) and top in ("cache", "memory", "cluster") else [(None, value)]
             for sub, v in items:
@@ -766,6 +627,8 @@ class _FileSource(TomlConfigSettingsSource):
                     raise ConfigError(f"{key.toml} cannot be set in config file {path}: only by environment variable "
                                       f"{key.env}")
                 _put(values, key.path if key else where, v)
+                if key is not None and key.toml != ".".join(where):
+                    self.written[key.path] = ".".join(where)
         self.init_kwargs = values
 
     def __call__(self) -> dict[str, Any]:
@@ -821,8 +684,16 @@ class _Sources:
                 if source == "env":
                     var = next(v for k, v in self.env.names.items() if k[:n] == loc[:n])
                     return var, "the environment", _at(tree, loc)
-                return _toml_key(loc), f"config file {self.file.path}", _at(tree, loc)  # type: ignore[union-attr]
+                return self._file_key(loc), f"config file {self.file.path}", _at(tree, loc)  # type: ignore[union-attr]
         return _dotted(loc), "the defaults", None
+
+    def _file_key(self, loc: tuple[Any, ...]) -> str:
+        """The key at ``loc`` as the file wrote it (``models = 3`` is ``models``, not ``model``)."""
+        written = self.file.written if self.file is not None else {}
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in written:
+                return ".".join([written[loc[:n]], *map(str, loc[n:])])
+        return _toml_key(loc)
 
     def _flag(self, loc: tuple[Any, ...]) -> str:
         for key in setting_keys():
@@ -852,6 +723,18 @@ def _toml_key(loc: tuple[Any, ...]) -> str:
     return _dotted(loc)
 
 
+def _keys_in(table: tuple[Any, ...]) -> list[str]:
+    """The keys a TOML table takes, as written there: top level (with the sections' keys dotted,
+    ``cache.block_size``, which TOML reads as ``[cache] block_size``), a section, a
+    ``[models."<id>"]`` table or one of its profiles."""
+    if table[:1] == ("model_settings",):
+        return list(PROFILE_KEYS) if "profiles" in table else list(ModelSettings.model_fields)
+    keys = [k for k in setting_keys() if "file" in k.sources]
+    if not table:
+        return [k.toml for k in keys]
+    return [k.toml.split(".")[-1] for k in keys if k.path[0] == table[0]]
+
+
 #: pydantic error types -> what was expected (the rest keep pydantic's message).
 _EXPECTED = {
     "int_parsing": "expected an integer", "int_type": "expected an integer",
@@ -874,12 +757,22 @@ def _message(err: Mapping[str, Any], sources: _Sources) -> str:
     key, origin, value = sources.origin(loc)
     if err["type"] == "extra_forbidden":
         *table, name = loc
+        hint = did_you_mean(str(name), _keys_in(tuple(table)))
         if table[:1] == ["model_settings"]:
-            return f"unknown setting {name!r} in [{_toml_key(tuple(table))}], from {origin}"
-        return f"unknown {table[0] + ' ' if table else ''}setting {name!r}, from {origin}"
-    reason = _EXPECTED.get(err["type"]) or (str(cause) if cause is not None else err["msg"])
-    if not isinstance(cause, _Bad):
-        value = err.get("input")
+            return f"unknown setting {name!r} in [{_toml_key(tuple(table))}]{hint}, from {origin}"
+        return f"unknown {table[0] + ' ' if table else ''}setting {name!r}{hint}, from {origin}"
+    return bad_value(key, value if isinstance(cause, _Bad) else err.get("input"), expected(err), origin)
+
+
+def expected(err: Mapping[str, Any]) -> str:
+    """What one pydantic error says was expected (``expected an integer``), else its own message."""
+    cause = (err.get("ctx") or {}).get("error")
+    return _EXPECTED.get(err["type"]) or (str(cause) if cause is not None else err["msg"])
+
+
+def bad_value(key: str, value: Any, reason: str, origin: str) -> str:
+    """``bad value for KEY: VALUE (REASON), from ORIGIN``: the one wording of a bad value, also for a
+    typed command-line option refused before the config sees it (`omlx.cli.common.OneLineErrors`)."""
     shown = "" if isinstance(value, (Mapping, BaseModel)) else f": {value!r}"
     return f"bad value for {key}{shown} ({reason}), from {origin}"
 

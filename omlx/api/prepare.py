@@ -123,13 +123,14 @@ def render(entry: PoolEntry, turn: Turn, thinking: bool | None) -> RenderedPromp
         if any(not 0 <= t < len(tok) for t in p or ()):
             raise InvalidRequestError(f"'{turn.param}' holds a token id outside the vocabulary", param=turn.param)
         return RenderedPrompt(list(p or ()), "", False)
-    return render_fitting(tok, turn.messages, tools=turn.tools, context_length=entry.loaded.context_length,
+    return render_fitting(tok, turn.messages, tools=turn.tools, reads_tools=entry.loaded.template_reads_tools,
+                          context_length=entry.loaded.context_length,
                           truncate=turn.truncate, thinking=thinking, template_kwargs=turn.template_kwargs, param=turn.param)
 
 
 def render_fitting(tok: Any, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None, context_length: int,
                    truncate: bool, thinking: bool | None, template_kwargs: dict[str, Any] | None = None,
-                   param: str = "messages") -> RenderedPrompt:
+                   param: str = "messages", reads_tools: bool = True) -> RenderedPrompt:
     """`render_prompt`; with ``truncate``, drop the oldest turns (from the first non-system
     message up to the next user message, in place) until the prompt fits ``context_length``.
 
@@ -138,7 +139,7 @@ def render_fitting(tok: Any, messages: list[dict[str, Any]], *, tools: list[dict
     """
     while True:
         try:
-            rendered = render_prompt(tok, messages, tools=tools or None, enable_thinking=thinking,
+            rendered = render_prompt(tok, messages, tools=tools or None, reads_tools=reads_tools, enable_thinking=thinking,
                                      template_kwargs=template_kwargs, param=param)
         except InvalidRequestError as e:
             if e.param == "messages":

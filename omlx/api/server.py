@@ -14,7 +14,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from omlx.config import ServerConfig
 from omlx.errors import OmlxError
@@ -91,8 +91,12 @@ def startup_status(cfg: ServerConfig) -> dict[str, Any]:
     }
 
 
-def run_server(cfg: ServerConfig) -> int:
-    """Run until interrupted. Returns the process exit code (2 for a refused start)."""
+def run_server(cfg: ServerConfig, on_ready: Callable[[], None] | None = None) -> int:
+    """Run until interrupted. Returns the process exit code (2 for a refused start).
+
+    Args:
+        on_ready: called once the socket is bound (`omlx serve` records the running server).
+    """
     reason = check_bind(cfg)
     if reason:
         logger.error("%s", reason)
@@ -122,15 +126,18 @@ def run_server(cfg: ServerConfig) -> int:
             logger.warning("prefix cache for %s: %s", model_id, note)
             if not note.startswith("off (disabled"):  # a model family without its fast path
                 status["slow_paths"].append(f"model {model_id} runs without the prefix cache: {note}")
-    return run_app(cfg, pool, status, f"omlx ready on http://{cfg.host}:{cfg.port} (models: {', '.join(pool.listed_ids())})")
+    return run_app(cfg, pool, status, f"omlx ready on http://{cfg.host}:{cfg.port} (models: {', '.join(pool.listed_ids())})",
+                   on_ready)
 
 
-def run_app(cfg: ServerConfig, pool: EnginePool, status: dict[str, Any], ready: str) -> int:
+def run_app(cfg: ServerConfig, pool: EnginePool, status: dict[str, Any], ready: str,
+            on_ready: Callable[[], None] | None = None) -> int:
     """Serve HTTP for a started pool until the server stops (then stop the pool); returns 0, or
     2 when the port cannot be bound (taken since `check_bind`).
 
     Args:
         ready: the line logged once the socket is bound (what is served, where).
+        on_ready: called then, after the line.
     """
     from omlx.api.app import create_app
 
@@ -139,6 +146,8 @@ def run_app(cfg: ServerConfig, pool: EnginePool, status: dict[str, Any], ready: 
 
     async def say_ready(*_: Any) -> None:  # the socket is bound: only now does it answer
         logger.info("%s", ready)
+        if on_ready is not None:
+            on_ready()
 
     app.register_listener(say_ready, "after_server_start")
     try:

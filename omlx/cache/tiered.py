@@ -409,7 +409,8 @@ class TieredCache:
         try:
             for item in plan:
                 while next_read < len(plan) and len(futures) < max(1, self.policy.prefetch_blocks):
-                    futures.append(self._submit_read(plan[next_read]))
+                    futures.append(self._submit_read(plan[next_read].block_hash, plan[next_read].parent_hash,
+                                                     plan[next_read].token_ids))
                     next_read += 1
                 host = futures.popleft().result()
                 if host is None or host.num_tokens != len(item.token_ids):
@@ -458,15 +459,13 @@ class TieredCache:
         store, h = self.store, block.block_hash
         if store is None or h is None:
             return None
+        if not (store.is_pending(h) or store.contains(h)):
+            return None
         t0 = time.monotonic()
-        host = store.pending(h)
+        host = self._submit_read(h, block.parent_hash, block.token_ids).result()
         if host is None:
-            if not store.contains(h):
-                return None
-            host = store.read(h, block.parent_hash, block.token_ids)
-            if host is None:
-                self.num_restore_failures += 1
-                return None
+            self.num_restore_failures += 1
+            return None
         payload, num_bytes = self.codec.from_host(host)
         elapsed = time.monotonic() - t0
         self.restore_s += elapsed
@@ -482,9 +481,11 @@ class TieredCache:
         queued = store.pending(h)
         return queued.num_bytes if queued is not None else store.file_bytes(h)
 
-    def _submit_read(self, item: _Planned) -> Future[HostBlock | None]:
+    def _submit_read(self, block_hash: bytes, parent_hash: bytes, token_ids: Sequence[int]) -> Future[HostBlock | None]:
+        """A block's host copy from the cold tier: the write queue's, at once, else its file, read
+        and validated (`SSDStore.read`: None when that fails) on a reader thread."""
         assert self.store is not None
-        queued = self.store.pending(item.block_hash)
+        queued = self.store.pending(block_hash)
         if queued is not None:
             done: Future[HostBlock | None] = Future()
             done.set_result(queued)
@@ -493,7 +494,7 @@ class TieredCache:
             self._readers = ThreadPoolExecutor(
                 max_workers=max(1, self.policy.reader_threads), thread_name_prefix="omlx-ssd-reader"
             )
-        return self._readers.submit(self.store.read, item.block_hash, item.parent_hash, item.token_ids)
+        return self._readers.submit(self.store.read, block_hash, parent_hash, token_ids)
 
     # ---- writes ----------------------------------------------------------------------
 

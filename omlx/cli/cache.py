@@ -27,7 +27,7 @@ def stats(
     ssd_cache_dir: CacheDir = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Files and bytes per namespace (model, KV format, format version)."""
+    """Files and bytes per namespace (model, block size, KV format, format version)."""
     from omlx.cache.ssd import summarize_cache_dir
 
     root = _cache_dir(base_path, ssd_cache_dir)
@@ -41,6 +41,8 @@ def stats(
                 "digest": r.digest, "model_id": r.model_id, "num_files": r.num_files,
                 "num_bytes": r.num_bytes, "num_temp_files": r.num_temp_files,
                 "kv_format": r.namespace.kv_format if r.namespace else None,
+                # tokens per block: a server started with another --block-size shares none of these
+                "block_size": r.namespace.block_size if r.namespace else None,
                 # cluster mode: each rank keeps the KV of its own layers in its own namespace
                 "layers": [r.namespace.layer_start, r.namespace.layer_end] if r.namespace else None,
                 "format_version": r.namespace.format_version if r.namespace else None,
@@ -56,7 +58,8 @@ def stats(
     for r in rows:
         fmt = r.namespace.kv_format if r.namespace else "unknown namespace"
         layers = f"layers [{r.namespace.layer_start}, {r.namespace.layer_end})\t" if r.namespace else ""
-        typer.echo(f"  {r.digest}  {r.model_id or '?'}\t{layers}{r.num_files} files\t{format_bytes(r.num_bytes)}\t{fmt}"
+        size = f"{r.namespace.block_size}-token blocks\t" if r.namespace else ""
+        typer.echo(f"  {r.digest}  {r.model_id or '?'}\t{layers}{r.num_files} files\t{format_bytes(r.num_bytes)}\t{size}{fmt}"
                    + (f"\t{r.num_temp_files} temp files" if r.num_temp_files else ""))
 
 

@@ -8,8 +8,9 @@ import sys
 from typing import Any, Mapping, Sequence
 
 import typer
+from typer.core import TyperGroup
 
-from omlx.config import ServerConfig, load_config, unknown_env
+from omlx.config import ServerConfig, bad_value, expected, load_config, unknown_env
 from omlx.errors import OmlxError
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,26 @@ def config_from(flags: dict[str, Any], config_file: str | None, flag_names: Mapp
     except OmlxError as e:
         typer.echo(f"omlx: {e.message}", err=True)
         raise typer.Exit(2) from e
+
+
+class OneLineErrors(TyperGroup):
+    """The root command group: an option value its type refuses (``--port abc``) is one line and
+    exit code 2, worded as the config's own errors (``omlx: bad value for --port: 'abc' (expected
+    an integer), from the command line``), not Typer's usage box. Typer checks a typed option with
+    pydantic before the config sees it; other usage mistakes (an unknown option) keep Typer's box."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        from pydantic import ValidationError
+
+        try:
+            return super().invoke(ctx)
+        except typer.BadParameter as e:
+            if not isinstance(e.__cause__, ValidationError) or e.param is None:
+                raise
+            err = e.__cause__.errors()[0]
+            name = (e.param.opts or [e.param.name or "?"])[0]
+            typer.echo(f"omlx: {bad_value(name, err.get('input'), expected(err), 'the command line')}", err=True)
+            raise typer.Exit(2) from e
 
 
 def warn_unknown_env() -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from omlx.config import CONFIG_FILE_ENV, PROFILE_KEYS, ModelSettings, bounds_of, setting_keys
+from omlx.config import CONFIG_FILE_ENV, PROFILE_KEYS, ModelSettings, setting_keys
+from omlx.config_values import bounds_of
 
 BEGIN = "<!-- config tables: generated from omlx/config.py by `python -m omlx.cli.config_table --write README.md` -->"
 END = "<!-- end of the generated config tables -->"
@@ -79,7 +80,7 @@ def _cell(text: str) -> str:
 
 
 def _meaning(info: FieldInfo) -> str:
-    """The description, and the range a number key accepts (`omlx.config.Bounds`)."""
+    """The description, and the range a number key accepts (`omlx.config_values.Bounds`)."""
     bounds = bounds_of(info)
     text = info.description or ""
     if bounds is not None:

@@ -12,8 +12,9 @@ from omlx.cli import launch as launch_cli
 from omlx.cli import models as models_cli
 from omlx.cli import serve as serve_cli
 from omlx.cli import service as service_cli
+from omlx.cli.common import OneLineErrors
 
-app = typer.Typer(name="omlx", help="A local LLM inference server on MLX.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(name="omlx", cls=OneLineErrors, help="A local LLM inference server on MLX.", no_args_is_help=True, add_completion=False)
 app.command("serve", help="Run the server (OpenAI and Anthropic APIs).")(serve_cli.serve)
 app.add_typer(models_cli.app, name="models")
 app.add_typer(cache_cli.app, name="cache")

@@ -10,7 +10,8 @@ from typing import Annotated, Any, Mapping, Optional
 import typer
 
 from omlx.cli.common import config_from, reexec_with_blas, setup_logging, warn_unknown_env
-from omlx.config import ServerConfig, parse_pairs
+from omlx.config import ServerConfig
+from omlx.config_values import parse_pairs
 
 logger = logging.getLogger("omlx.serve")
 
@@ -54,9 +55,23 @@ def serve(
     if cluster:
         code = _serve_cluster(cfg, cluster_secret)
     else:
-        from omlx.api.server import run_server
+        from pathlib import Path
 
-        code = run_server(cfg)
+        from omlx.api.server import run_server
+        from omlx.cli.service_backends import ServicePaths, remove_live, write_live
+
+        live = ServicePaths(Path(os.path.abspath(cfg.base_dir)), cfg.port).live
+
+        def record_live() -> None:  # `omlx status --base-path` finds this server by it
+            try:
+                write_live(live)
+            except OSError as e:
+                logger.warning("cannot write %s (omlx status will not find this server by its base path): %s", live, e)
+
+        try:
+            code = run_server(cfg, on_ready=record_live)
+        finally:
+            remove_live(live)
     # MLX's C++ runtime aborts ("terminate called without an active exception") when its
     # stream threads are torn down by interpreter finalization; everything is already stopped
     # and flushed here, so leave without finalization.

@@ -327,7 +327,8 @@ def service_status(spec: ServiceSpec | None, paths: ServicePaths, key: str | Non
     pid, uptime_s, rss_bytes, models (loaded ids), cache (prompt-token hit rate over the
     requests since the server started, hot and SSD tier sizes), prefilling (the prompts being
     prefilled now: ``/v1/admin/recent``'s rows, `omlx.engine.progress.PrefillStatus.as_dict`),
-    log, note.
+    log (the log file; None when there is none: a server run in the foreground logs to its
+    terminal), note.
     """
     import psutil
 
@@ -338,7 +339,7 @@ def service_status(spec: ServiceSpec | None, paths: ServicePaths, key: str | Non
     if state == "external":
         pid = listening_pid(paths.port)
     out: dict[str, Any] = {"port": paths.port, "state": state, "backend": spec.backend if spec else None, "url": url,
-                           "pid": pid, "log": str(paths.log), "note": stale}
+                           "pid": pid, "log": str(paths.log) if paths.log.exists() else None, "note": stale}
     if pid:
         with contextlib.suppress(psutil.Error):
             p = psutil.Process(pid)
@@ -401,8 +402,8 @@ def format_status(st: dict[str, Any]) -> str:
         rows.append(f"  cache     {hit}{tiers if 'hot_bytes' in c else ''}")
     for p in st.get("prefilling") or []:
         rows.append(f"  prefill   {format_prefill(p)}")
-    if st["state"] != "external":
-        rows.append(f"  log       {st['log']}")
+    if st["state"] != "external":  # an external server's output goes where its starter sent it
+        rows.append(f"  log       {st['log'] or 'none (no log file: see where this server was started)'}")
     return "\n".join(rows)
 
 
@@ -510,8 +511,9 @@ def restart(port: PortOpt = None, base_path: BaseOpt = None, config: ConfigOpt =
         say(f"omlx is up on {spec.url}")
 
 
-def status(port: Annotated[Optional[int], typer.Option(help="Only this port (default: every recorded service, "
-                                                             "else the configured port).")] = None,
+def status(port: Annotated[Optional[int], typer.Option(help="Only this port (default: every recorded service and "
+                                                             "every server running with the base path, else the "
+                                                             "configured port).")] = None,
            base_path: BaseOpt = None, config: ConfigOpt = None,
            json_out: Annotated[bool, typer.Option("--json", help="Print JSON (a list, one object per port).")] = False,
            ) -> None:

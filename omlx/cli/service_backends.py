@@ -66,6 +66,12 @@ class ServicePaths:
     def env_file(self) -> Path:
         return self.base / "run" / f"serve-{self.port}.env"
 
+    @property
+    def live(self) -> Path:
+        """Written by every ``omlx serve`` once it listens, however it was started (`write_live`);
+        how ``omlx status --base-path`` finds a server run in the foreground."""
+        return self.base / "run" / f"serve-{self.port}.live"
+
 
 @dataclass(frozen=True, slots=True)
 class ServiceSpec:
@@ -160,13 +166,51 @@ def load_record(paths: ServicePaths) -> ServiceSpec | None:
 
 
 def recorded_ports(base: Path) -> list[int]:
-    """Ports with a service record (or a pid file, as `omlx launch` writes) under ``base``."""
+    """Ports with a service record (or a pid file, as `omlx launch` writes), or a server that
+    runs now (`ServicePaths.live`), under ``base``."""
     ports = set()
     for p in (base / "run").glob("serve-*.*"):
-        m = re.fullmatch(r"serve-(\d+)\.(json|pid)", p.name)
-        if m:
+        m = re.fullmatch(r"serve-(\d+)\.(json|pid|live)", p.name)
+        if m and (m.group(2) != "live" or live_pid(p) is not None):
             ports.add(int(m.group(1)))
     return sorted(ports)
+
+
+def write_live(path: Path) -> None:
+    """Record this process as the server listening on the port of ``path`` (`ServicePaths.live`):
+    its pid and start time (a reused pid is not taken for it)."""
+    import psutil
+
+    write_private(path, json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time()}))
+
+
+def remove_live(path: Path) -> None:
+    """Remove ``path`` if this process wrote it (a server refused on a taken port leaves the
+    running one's file alone)."""
+    if live_pid(path) == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def live_pid(path: Path) -> int | None:
+    """The pid in a `ServicePaths.live` file while that process runs; a file whose process is
+    gone (killed, crashed) is removed and None returned, as is None for no or an unreadable file."""
+    import psutil
+
+    try:
+        rec = json.loads(path.read_text())
+        pid, created = int(rec["pid"]), float(rec["create_time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        p = psutil.Process(pid)
+        if p.status() != psutil.STATUS_ZOMBIE and abs(p.create_time() - created) <= 1.0:
+            return pid
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.AccessDenied:
+        return pid
+    path.unlink(missing_ok=True)
+    return None
 
 
 def read_pid_file(path: Path) -> int | None:

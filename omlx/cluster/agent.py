@@ -24,7 +24,7 @@ from omlx.cluster.control import (
     connect,
     measure_link,
 )
-from omlx.cluster.discovery import Discovery, NodeInfo, cluster_dir
+from omlx.cluster.discovery import DEFAULT_CONTROL_PORT, Discovery, NodeInfo, cluster_dir
 from omlx.cluster.launcher import WorkerLaunch, WorkerLauncher, free_loopback_port, ring_port, write_hostfile
 from omlx.cluster.membership import Member, Membership
 from omlx.cluster.plan import (
@@ -34,6 +34,7 @@ from omlx.cluster.plan import (
     format_plan_table,
     plan_pipeline,
 )
+from omlx.config_values import parse_peer
 from omlx.errors import AuthError, ClusterError, ControlError
 from omlx.units import format_rate
 
@@ -76,22 +77,6 @@ class AgentSettings:
     max_concurrent: int = 8
     headroom_bytes: int = 2 * 10**9
     worker_port: int = 8480
-
-
-def parse_peer(text: str) -> tuple[str, int]:
-    """``"host:port"`` -> (host, port); a bare host gets the default control port.
-
-    Raises:
-        ValueError: Malformed port.
-    """
-    from omlx.cluster.discovery import DEFAULT_CONTROL_PORT
-
-    host, sep, port = text.strip().rpartition(":")
-    if not sep:
-        return text.strip(), DEFAULT_CONTROL_PORT
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"bad peer {text!r}: expected host:port")
-    return host.strip("[]"), int(port)
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -189,7 +174,7 @@ class NodeAgent:
         self.events: collections.deque[str] = collections.deque(maxlen=_NUM_EVENTS)
         self._peers: dict[str, _Peer] = {}
         self._known: dict[str, tuple[str, int]] = {}  # node id -> control address (mDNS/inbound)
-        self._static = [parse_peer(p) for p in settings.peers]
+        self._static = [parse_peer(p, DEFAULT_CONTROL_PORT) for p in settings.peers]
         self._self_addresses: set[tuple[str, int]] = set()
         self._dialing: set[tuple[str, int]] = set()
         self._refused_until: dict[tuple[str, int], float] = {}

@@ -157,6 +157,7 @@ def render_prompt(
     messages: list[dict[str, Any]],
     *,
     tools: list[dict[str, Any]] | None = None,
+    reads_tools: bool = True,
     enable_thinking: bool | None = None,
     template_kwargs: dict[str, Any] | None = None,
     param: str = "messages",
@@ -167,6 +168,9 @@ def render_prompt(
         tokenizer: mlx-lm's TokenizerWrapper (HF tokenizer inside).
         messages: role/content dicts (roles: system, user, assistant, tool).
         tools: OpenAI-style function tools for templates that take them.
+        reads_tools: False leaves ``tools`` out of the template call, for a template that never
+            reads them (the same text, without transformers' per-call copy of the tools): the
+            model's `LoadedModel.template_reads_tools`, decided once at load.
         enable_thinking: passed to templates with a thinking switch (None: template default).
         param: the body field the messages came from (``messages``, Responses' ``input``), named
             when none is left to answer.
@@ -179,7 +183,7 @@ def render_prompt(
         raise InvalidRequestError(f"'{param}' must contain at least one user or assistant message", param=param)
     prefill = msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls")
     kwargs: dict[str, Any] = dict(template_kwargs or {})
-    if tools and template_reads_tools(tokenizer):
+    if tools and reads_tools:
         kwargs["tools"] = tools
     if enable_thinking is not None:
         kwargs["enable_thinking"] = enable_thinking

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ class LoadedModel:
         config: config.json as a dict.
         context_length: most tokens (prompt + output) it accepts.
         cache_classes: names of the per-layer KV cache classes mlx-lm makes for it.
+        template_reads_tools: whether its chat template may read a request's ``tools``
+            (`omlx.engine.chat.template_reads_tools`), decided once from the tokenizer.
     """
 
     model_id: str
@@ -49,6 +51,12 @@ class LoadedModel:
     config: dict[str, Any]
     context_length: int
     cache_classes: tuple[str, ...]
+    template_reads_tools: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        from omlx.engine.chat import template_reads_tools
+
+        self.template_reads_tools = template_reads_tools(self.tokenizer)
 
 
 def resolve_model(spec: str | None, models_dir: Path, *, progress: bool = True,

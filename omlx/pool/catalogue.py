@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from omlx.config import ModelSettings, ServerConfig
+from omlx.config import ModelSettings, ServerConfig, did_you_mean
 from omlx.engine.encoder import folder_task
 from omlx.engine.hub import HubModel
 from omlx.engine.loader import is_safe_model_id
@@ -186,6 +186,25 @@ class Catalogue:
             if self.default_id is None and order:
                 self.default_id = order[0]
         return order
+
+    def unmatched_settings(self) -> list[str]:
+        """One line for each ``[models."<id>"]`` table that names no model omlx can find now (not
+        a ``--model``, not in the models dir or the hub cache, not an alias; a ``path`` that does
+        not exist), with the closest known id, for a start-up warning. Not an error: a model of that
+        id may be pulled or copied in later, and its settings then apply. Takes the lock."""
+        hub_models = self.hub_models()
+        lines = []
+        with self._lock:
+            self.scan_models_dir(hub_models)
+            known = sorted({*self.records, *self.aliases})
+            for mid, s in self.config.model_settings.items():
+                if s.path and not Path(s.path).expanduser().exists():
+                    lines.append(f'[models."{mid}"] in the config: its path {s.path} does not exist')
+                elif self.lookup(mid) is None:
+                    lines.append(f'[models."{mid}"] in the config names no model omlx can find (in '
+                                 f'{self.config.models_dir}, the hub cache or --model){did_you_mean(mid, known)}; '
+                                 f'its settings are unused until a model of that id appears')
+        return lines
 
     def check_task(self, asked: str, model_id: str, task: str) -> None:
         """Refuse a model of another kind than ``task`` before it is loaded.

@@ -285,6 +285,8 @@ class EnginePool:
         Raises:
             OmlxError: one could not be found or loaded (the server should not start).
         """
+        for line in self.catalogue.unmatched_settings():
+            logger.warning("%s", line)
         for mid in dict.fromkeys(self.catalogue.start_order()):
             rec = self.catalogue.records[mid]
             with self._lock:

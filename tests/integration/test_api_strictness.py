@@ -245,3 +245,24 @@ def test_stop_with_a_request_running_is_clean(tmp_path):
         log = s.log()
         assert "Event loop is closed" not in log and "Traceback" not in log, log
         assert "stopping" in rest  # the stream ended with a clear error event, not a cut
+
+
+@pytest.mark.parametrize("number", ["99999999999999999999999", "1e400", "2147483648"])
+@pytest.mark.parametrize("path, field", [("/v1/chat/completions", "max_tokens"),
+                                         ("/v1/chat/completions", "max_completion_tokens"),
+                                         ("/v1/completions", "max_tokens"), ("/v1/responses", "max_output_tokens"),
+                                         ("/v1/messages", "max_tokens")])
+def test_a_token_limit_past_any_context_is_a_400_naming_it(server, path: str, field: str, number: str):
+    """``max_tokens: 99999999999999999999999`` was taken and clamped to the context: the request
+    then generated to the end of the context (minutes on a CPU) and answered 200. Each API now
+    answers 400 in its own error shape, naming the field."""
+    body = {k: v for k, v in _minimal(path).items() if k not in ("max_tokens", "max_output_tokens")}
+    raw = json.dumps(body)[:-1] + f', "{field}": {number}}}'  # a JSON number Python's json cannot write
+    r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and f"'{field}' must be" in err["message"], err
+    if path == "/v1/messages":
+        assert r.json()["type"] == "error"
+    else:
+        assert err["param"] == field

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -196,3 +197,26 @@ def test_a_start_that_fails_shows_the_log_tail(tmp_path):
     assert "no-such-model" in r.stderr.split("last lines of", 1)[1]  # serve's own reason, from the log
     assert not (base / "run" / f"serve-{s.port}.pid").exists()
     assert s.run("status").returncode == 3
+
+
+def test_status_by_base_path_finds_a_server_run_in_the_foreground(tmp_path):
+    """``omlx status --base-path X`` looked only at records of `omlx start` and then at the default
+    port: a plain ``omlx serve --base-path X --port P`` was "not running on port 8000". Its JSON
+    named a log file that did not exist."""
+    from tests.helpers import ServerProcess
+
+    home = tmp_path / "home"
+    with ServerProcess(base_path=home) as s:
+        live = home / "run" / f"serve-{s.port}.live"
+        for _ in range(100):  # written once the socket is bound: /health may answer a moment before
+            if live.exists():
+                break
+            time.sleep(0.1)
+        assert json.loads(live.read_text())["pid"] == s.proc.pid
+        r = subprocess.run([sys.executable, "-m", "omlx", "status", "--base-path", str(home), "--json"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (st,) = json.loads(r.stdout)
+        assert (st["port"], st["state"], st["pid"], st["models"]) == (s.port, "external", s.proc.pid, [MODEL_ID])
+        assert st["log"] is None  # it logs to where it was started; no file under <base>/logs
+    assert not live.exists()  # removed at its exit

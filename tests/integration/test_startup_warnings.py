@@ -34,3 +34,20 @@ def test_a_model_without_a_tool_call_format_is_warned_at_load(server):
     """SmolLM2's template has no tool-call format: tools would silently come back as text."""
     log = server.log_path.read_text()  # the whole log: the line is written at start
     assert "SmolLM2-135M-Instruct: no tool-call format detected" in log, log[-3000:]
+
+
+def test_a_models_table_for_no_model_is_warned_at_start_with_the_closest_id(tmp_path):
+    """``[models."<id>"]`` for an id omlx cannot find (a typo) was accepted silently: its settings
+    never applied. Not an error (the model may be pulled later), but a warning naming it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[models."SmolLM2-135M-Instuct"]\ncontext_length = 4096\n'  # the typo
+        '[models."SmolLM2-135M-Instruct"]\ncontext_length = 4096\n'  # the served model: no warning
+        f'[models."elsewhere"]\npath = "{tmp_path / "gone"}"\n')
+    with ServerProcess(base_path=home, env={"COLUMNS": "1000"}) as s:  # rich wraps log lines at the width
+        log = s.log_path.read_text()
+    assert ('[models."SmolLM2-135M-Instuct"] in the config names no model omlx can find' in log
+            and "(did you mean SmolLM2-135M-Instruct?)" in log), log[-3000:]
+    assert f'[models."elsewhere"] in the config: its path {tmp_path / "gone"} does not exist' in log, log[-3000:]
+    assert '[models."SmolLM2-135M-Instruct"] in the config' not in log, log[-3000:]

@@ -1,7 +1,7 @@
 """The import contract of DESIGN.md, checked on the source (AST), so a wrong import fails CI.
 
 cli -> {api, cluster, bench} -> pool -> engine -> scheduler -> cache -> {memory, kernels,
-tool_parsers, profiles} -> {request, config, errors}; api and cluster never import each other;
+tool_parsers, profiles} -> {request, config} -> config_values -> errors; api and cluster never import each other;
 sanic only in api/, typer only in cli/, zeroconf only in cluster/discovery.py, prometheus_client
 only in api/; the pure core imports neither mlx nor numpy; bench/ is an HTTP client that imports
 nothing of omlx's server (no api, pool, engine, mlx) beyond omlx.units (the size formatter) and
@@ -26,6 +26,7 @@ LEVEL = {
     "cache": 5,
     "memory": 6, "kernels": 6, "tool_parsers": 6, "profiles": 6,
     "request": 7, "config": 7, "errors": 7.5,
+    "config_values": 7.2,  # config's value types and their parsers: import nothing of omlx
     "units": 7.8,  # the size formatter: imports nothing of omlx, so every layer may use it
     "__init__": 8, "__main__": -1,
 }

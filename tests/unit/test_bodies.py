@@ -131,7 +131,7 @@ _PROBED = [  # (model, a body it accepts, the path of the object whose numeric f
     (ChatCompletionRequest, {"model": "m", "messages": HI, "logprobs": True}, ()),
     (CompletionRequest, {"model": "m", "prompt": "hi"}, ()),
     (MessagesRequest, {"model": "m", "max_tokens": 16, "messages": HI}, ()),
-    (MessagesRequest, {"model": "m", "max_tokens": 2**40, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 2048}},
+    (MessagesRequest, {"model": "m", "max_tokens": 2**31 - 1, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 2048}},
      ("thinking",)),
     (CountTokensRequest, {"model": "m", "messages": HI}, ()),
     (ResponsesRequest, {"model": "m", "input": "hi"}, ()),
@@ -246,7 +246,8 @@ def _route_call(body: dict):
             submitted.append(request)
             raise RateLimitError("test: not generating")
 
-    entry = PoolEntry(SimpleNamespace(model_id="m", tokenizer=tok, context_length=1000), Engine(), settings=ModelSettings())
+    entry = PoolEntry(SimpleNamespace(model_id="m", tokenizer=tok, context_length=1000, template_reads_tools=True), Engine(),
+                      settings=ModelSettings())
 
     class Pool:
         num_leases = 0

@@ -16,7 +16,7 @@ from omlx.cli.main import app
 runner = CliRunner()
 KV = make_kv_format("float32", None, None, "KVCache")
 NS_A = Namespace("model-a", "tok", KV, 0, 1)
-NS_B = Namespace("model-b", "tok", KV, 0, 1)
+NS_B = Namespace("model-b", "tok", KV, 0, 1, block_size=16)  # served with --block-size 16
 # Cluster mode: rank 1 of model-a keeps layer [1, 2) in a namespace of its own.
 NS_A_RANK1 = Namespace("model-a", "tok", KV, 1, 2)
 
@@ -46,8 +46,12 @@ def test_stats_verify_and_clear(tmp_path: Path):
     assert doc["num_files"] == 6
     assert sorted((n["model_id"], tuple(n["layers"]), n["num_files"]) for n in doc["namespaces"]) == [
         ("model-a", (0, 1), 3), ("model-a", (1, 2), 1), ("model-b", (0, 1), 2)]
+    assert sorted((n["model_id"], n["block_size"]) for n in doc["namespaces"]) == [
+        ("model-a", 256), ("model-a", 256), ("model-b", 16)]
     r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path)])
     assert r.exit_code == 0 and "6 block files" in r.output and "model-b" in r.output
+    line_b = next(line for line in r.output.splitlines() if "model-b" in line)
+    assert "16-token blocks" in line_b and "256-token blocks" not in line_b, r.output
     assert "layers [1, 2)" in r.output and "layers [0, 1)" in r.output
 
     bad = block_path(tmp_path / "cache", NS_B, hashes_b[1])

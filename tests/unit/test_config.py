@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from omlx.config import ServerConfig, SettingKey, load_config, parse_size, setting_keys
+from omlx.config import ServerConfig, SettingKey, load_config, setting_keys
+from omlx.config_values import parse_size
 from omlx.errors import ConfigError, InvalidRequestError
 
 
@@ -264,8 +265,36 @@ def test_a_cross_key_check_names_the_key_a_source_set(tmp_path: Path):
 def test_a_missing_or_unreadable_config_file_is_a_config_error(tmp_path: Path):
     with pytest.raises(ConfigError, match="cannot read config file .*: no such file"):
         load_config({}, {}, tmp_path / "missing.toml")
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError, match="cannot read config file .*: it is a directory"):
         load_config({}, {"OMLX_CONFIG": str(tmp_path)}, None)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("prot = 8000\n", "unknown setting 'prot' (did you mean port?), from config file"),
+    ("block_size = 64\n", "unknown setting 'block_size' (did you mean cache.block_size?), from config file"),
+    ("[cache]\nblok_size = 64\n", "unknown cache setting 'blok_size' (did you mean block_size?), from config file"),
+    ("[memory]\nsoft_watermrk = 0.5\n", "unknown memory setting 'soft_watermrk' (did you mean soft_watermark?)"),
+    ('[models."m"]\ncontxt_length = 9\n', "unknown setting 'contxt_length' in [models.\"m\"] (did you mean context_length?)"),
+    ('[models."m".profiles.p]\ndefault_temprature = 0.1\n',
+     "unknown setting 'default_temprature' in [models.\"m\".profiles.p] (did you mean default_temperature?)"),
+    ("zzz = 1\n", "unknown setting 'zzz', from config file"),  # nothing close: no guess
+])
+def test_an_unknown_file_key_names_the_closest_known_key(tmp_path: Path, text: str, want: str):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config({}, {}, f)
+    assert str(e.value).startswith(want), str(e.value)
+
+
+def test_a_bad_value_is_named_as_the_file_wrote_its_key(tmp_path: Path):
+    f = tmp_path / "c.toml"
+    f.write_text("models = 3\n")  # `models = [...]` is read as `model`: the error still says models
+    with pytest.raises(ConfigError, match=r"^bad value for models: 3 \(expected a list\), from config file"):
+        load_config({}, {}, f)
+    f.write_text("[memory]\nceiling_bytes = 'lots'\n")
+    with pytest.raises(ConfigError, match=r"^bad value for memory\.ceiling_bytes: 'lots'"):
+        load_config({}, {}, f)
 
 
 def test_server_config_built_directly_reads_no_environment(monkeypatch: pytest.MonkeyPatch):
@@ -286,7 +315,8 @@ def test_the_config_and_its_sections_are_frozen():
 
 # ---- ranges, every source checked, names as the user wrote them (#20, the fresh-user check) -------
 
-from omlx.config import PROFILE_KEYS, ModelSettings, bounds_of, unknown_env  # noqa: E402
+from omlx.config import PROFILE_KEYS, ModelSettings, unknown_env  # noqa: E402
+from omlx.config_values import bounds_of  # noqa: E402
 from omlx.tool_parsers import resolve_dialect_name  # noqa: E402
 
 MODEL_NUMBERS = [n for n, i in ModelSettings.model_fields.items() if "int" in str(i.annotation) or "float" in str(i.annotation)]
@@ -348,7 +378,7 @@ def test_max_output_tokens_minus_one_was_a_500_and_is_now_refused_at_start(tmp_p
     f = tmp_path / "c.toml"
     f.write_text('[models."SmolLM2-135M-Instruct"]\nmax_output_tokens = -1\n')
     with pytest.raises(ConfigError, match=r'^bad value for models\."SmolLM2-135M-Instruct"\.max_output_tokens: -1 '
-                                          r'\(expected an integer >= 1\), from config file '):
+                                          r'\(expected an integer from 1 to 2147483647\), from config file '):
         load_config({}, {}, f)
     f.write_text('[models."m"]\nmax_output_tokens = 1\ndefault_temperature = 2.0\ndefault_top_k = 0\n')
     assert load_config({}, {}, f).model_settings["m"].max_output_tokens == 1

@@ -5,6 +5,7 @@ each command's errors (one line, no traceback)."""
 
 from __future__ import annotations
 
+import json
 import os
 import plistlib
 import select
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from typer.main import get_command
 
@@ -29,10 +31,12 @@ from omlx.cli.service_backends import (
     is_serve_cmdline,
     process_state,
     recorded_ports,
+    remove_live,
     render_env_file,
     render_launchd_plist,
     render_systemd_unit,
     systemd_quote,
+    write_live,
 )
 from omlx.config import load_config
 
@@ -228,6 +232,30 @@ def test_recorded_ports(tmp_path):
     for name in ("serve-8000.pid", "serve-8001.json", "serve-8001.env", "serve-x.pid", "other.json"):
         (tmp_path / "run" / name).write_text("1")
     assert recorded_ports(tmp_path) == [8000, 8001]
+
+
+def test_a_running_servers_live_file_counts_and_a_gone_ones_is_removed(tmp_path):
+    """`omlx serve` writes ``serve-PORT.live`` once it listens (`omlx status --base-path` finds it);
+    a file left by a killed server names a gone process: not a port, and removed."""
+    run = tmp_path / "run"
+    write_live(ServicePaths(tmp_path, 8100).live)  # this process stands for the server
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (run / "serve-8101.live").write_text(json.dumps({"pid": gone.pid, "create_time": time.time()}))
+    (run / "serve-8102.live").write_text("not json")
+    assert recorded_ports(tmp_path) == [8100]
+    assert not (run / "serve-8101.live").exists()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        other_live = run / "serve-8103.live"
+        other_live.write_text(json.dumps({"pid": other.pid, "create_time": psutil.Process(other.pid).create_time()}))
+        remove_live(other_live)  # another server's file (this one was refused on its port): left alone
+        assert other_live.exists() and recorded_ports(tmp_path) == [8100, 8103]
+    finally:
+        other.kill()
+        other.wait()
+    remove_live(ServicePaths(tmp_path, 8100).live)
+    assert recorded_ports(tmp_path) == []
 
 
 # ---- command errors ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from omlx.api.bodies.base import Body, IntIn, Model, NonEmpty, Part, rule, shape
+from omlx.api.bodies.base import MAX_TOKENS, Body, IntIn, Model, NonEmpty, Part, Tokens, rule, shape
 
 
 def _is_blocks(v: Any) -> bool:
@@ -59,7 +59,7 @@ class AnthropicToolChoice(Part):
 
 class Thinking(Part):
     type: Literal["enabled", "adaptive", "disabled"]
-    budget_tokens: IntIn(ge=1024) | None = None
+    budget_tokens: IntIn(ge=1024, le=MAX_TOKENS) | None = None
 
     @model_validator(mode="after")
     def _budget(self) -> Thinking:
@@ -87,7 +87,7 @@ class CountTokensRequest(Body):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: Thinking | None = None
-    max_tokens: IntIn(ge=1) | None = None
+    max_tokens: Tokens | None = None
 
     @model_validator(mode="after")
     def _combinations(self) -> CountTokensRequest:
@@ -105,7 +105,7 @@ class CountTokensRequest(Body):
 class MessagesRequest(CountTokensRequest):
     """``POST /v1/messages``."""
 
-    max_tokens: IntIn(ge=1)
+    max_tokens: Tokens
     stream: bool = False
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(None, ge=0.0, le=1.0)

@@ -63,6 +63,13 @@ def IntIn(ge: int | None = None, le: int | None = None) -> Any:
     return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
 
 
+#: The most tokens a request may name (``max_tokens`` and its kin, a thinking budget): a signed
+#: 32-bit integer, far beyond any context (what is asked is clamped to the model's context anyway);
+#: a larger number (``99999999999999999999999``) is a client's mistake, a 400 naming the field.
+MAX_TOKENS = 2**31 - 1
+#: A number of tokens to generate: from 1 to `MAX_TOKENS`.
+Tokens = IntIn(ge=1, le=MAX_TOKENS)
+
 NonEmpty = Annotated[str, Field(min_length=1)]
 Model = Annotated[str, Field(min_length=1, description="a served model id, alias or id:profile")]
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from omlx.api.bodies.base import Body, Int, IntIn, Model, NonEmpty, Part, rule, shape
+from omlx.api.bodies.base import Body, Int, IntIn, Model, NonEmpty, Part, Tokens, rule, shape
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 """OpenAI's ``reasoning_effort`` / ``reasoning.effort`` values (API reference, 2026)."""
@@ -115,7 +115,7 @@ class OneChoice(Sampling):
     stream_options: StreamOptions | None = None
     n: One | None = None
     best_of: One | None = None
-    max_tokens: IntIn(ge=1) | None = None
+    max_tokens: Tokens | None = None
     response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
@@ -195,7 +195,7 @@ class ChatCompletionRequest(OneChoice):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: IntIn(ge=1) | None = None
+    max_completion_tokens: Tokens | None = None
     logprobs: bool | None = None
     top_logprobs: IntIn(ge=0, le=20) | None = None
     tools: list[ChatTool] | None = None

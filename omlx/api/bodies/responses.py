@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from omlx.api.bodies.base import IntIn, Model, NonEmpty, Part, rule, shape
+from omlx.api.bodies.base import IntIn, Model, NonEmpty, Part, Tokens, rule, shape
 from omlx.api.bodies.openai import Effort, Sampling
 
 
@@ -77,7 +77,7 @@ class ResponsesRequest(Sampling):
     model: Model
     input: Items = None
     instructions: str | None = None
-    max_output_tokens: IntIn(ge=1) | None = None
+    max_output_tokens: Tokens | None = None
     top_logprobs: IntIn(ge=0, le=20) | None = None
     stream: bool = False
     store: bool = True

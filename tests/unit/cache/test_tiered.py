@@ -442,3 +442,37 @@ def test_a_tail_whose_last_few_tokens_differ_is_superseded_too(tmp_path: Path):
     m = store.best_child(parent, near)  # lookup reuses the 40 shared tokens of the block
     assert m is not None and m.num_common == 40 and len(m.token_ids) == 64
     store.close()
+
+
+def test_read_cold_reads_the_write_queue_then_the_file_as_the_restore_does(tmp_path: Path):
+    """`TieredCache.read_cold` (a window part the hot tier dropped, read back) reads through the
+    restore's own step: the write queue's copy, else the validated file; a bad file is a counted
+    failure, a block the cold tier lacks is None without one."""
+    hs = hashes(SEQ)
+    ram_only = tiers_for(tmp_path / "a", policy=TierPolicy(write_new_blocks=False, write_through_hits=0))
+    run(ram_only, SEQ)
+    assert ram_only.read_cold(ram_only.pool.get(hs[0])) is None and ram_only.num_restore_failures == 0
+
+    queued = tiers_for(tmp_path / "b")
+    gate = threading.Event()
+    real = queued.store._write
+    queued.store._write = lambda job: (gate.wait(10), real(job))  # type: ignore[method-assign]
+    try:
+        run(queued, SEQ)
+        assert queued.store.is_pending(hs[0]) and not queued.store.contains(hs[0])
+        payload, _ = queued.read_cold(queued.pool.get(hs[0]))
+        assert np.array_equal(payload.layers[0][0], kv_for(SEQ[:4]).layers[0][0])
+    finally:
+        gate.set()
+    assert queued.flush(10)
+
+    on_disk = tiers_for(tmp_path / "c")
+    run(on_disk, SEQ)
+    assert on_disk.flush(10) and not on_disk.store.is_pending(hs[1])
+    payload, _ = on_disk.read_cold(on_disk.pool.get(hs[1]))
+    assert np.array_equal(payload.layers[0][0], kv_for(SEQ[4:8]).layers[0][0])
+    path = block_path(tmp_path / "c", NS, hs[2])
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert on_disk.read_cold(on_disk.pool.get(hs[2])) is None and on_disk.num_restore_failures == 1

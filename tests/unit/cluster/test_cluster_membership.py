@@ -4,11 +4,12 @@ the node id file; the worker launch line."""
 from __future__ import annotations
 
 import json
+import re
 import stat
 
 import pytest
 
-from omlx.cluster.agent import parse_peer, plan_from_dict, plan_to_dict
+from omlx.cluster.agent import plan_from_dict, plan_to_dict
 from omlx.cluster.discovery import NodeInfo, load_node_id
 from omlx.cluster.launcher import WorkerLaunch, WorkerLauncher, write_hostfile
 from omlx.cluster.membership import Member, Membership
@@ -20,6 +21,9 @@ from omlx.cluster.plan import (
     parse_nodes_spec,
     plan_pipeline,
 )
+from omlx.config import load_config
+from omlx.config_values import parse_peer
+from omlx.errors import ConfigError
 
 GB = 10**9
 
@@ -140,12 +144,19 @@ def test_nodes_spec_short_form() -> None:
 
 
 def test_parse_peer() -> None:
-    assert parse_peer("10.0.0.2:9000") == ("10.0.0.2", 9000)
-    assert parse_peer("host") == ("host", 8470)
-    assert parse_peer("[fe80::1]:9000") == ("fe80::1", 9000)
-    for bad in ("host:", "host:x", ":80", "h:70000"):
-        with pytest.raises(ValueError):
-            parse_peer(bad)
+    assert parse_peer("10.0.0.2:9000", 8470) == ("10.0.0.2", 9000)
+    assert parse_peer("host", 8470) == ("host", 8470)
+    assert parse_peer("[fe80::1]:9000", 8470) == ("fe80::1", 9000)
+
+
+@pytest.mark.parametrize("bad", ["host:", "host:x", ":80", "h:70000", "[]:80"])
+def test_the_config_refuses_the_peers_the_agent_cannot_read(bad: str) -> None:
+    """One reading of a peer: the config's check is the agent's parse (``[]:80`` passed the
+    config's own copy of it, and the agent then dialled host '')."""
+    with pytest.raises(ValueError, match="expected host or host:port"):
+        parse_peer(bad, 8470)
+    with pytest.raises(ConfigError, match=re.escape(f"peer {bad!r}: expected host or host:port")):
+        load_config({}, {"OMLX_CLUSTER_PEERS": bad}, None)
 
 
 # ------------------------------------------------------------------ node id, node info, launcher
