@@ -32,6 +32,11 @@ layer per step while rows are ragged (measured on 2 CPU cores, B=4, H=8, 4k x 64
 scatter costs about what the slice update does), no copy of old KV, a mask computed from
 ``(B,)`` arrays.
 
+Relies on mlx-lm 0.32's ``BatchKVCache`` layout (``keys``/``values``/``_idx``, ``offset +
+left_padding == _idx`` per row, ``filter`` cutting common left padding, ``extend``
+right-justifying at ``_idx``); tests/unit/engine/test_spec_batch.py checks every method against
+each row's own ``KVCache``, so an upstream change shows there.
+
 Must not: know about requests, drafts or sampling; the runner decides what each row keeps.
 """
 
