@@ -1,15 +1,16 @@
 """Prompt-lookup speculative decoding, in-process: the ``edit`` scenario with drafting on and off.
 
 Scenarios: ``edit`` (a source file goes in the prompt and the model is asked to return it with
-one change: output repeats input) and ``chat`` (a short question answered in prose: little to look
-up, so speculation should switch itself off and cost at most a few percent). For each, greedy
-decode tokens/s of omlx's `BatchRunner` with ``num_draft_tokens`` = 0 (off) and K, the tokens
+one change: output repeats input), ``chat`` (a short question answered in prose: little to look
+up, so speculation should switch itself off and cost at most a few percent) and ``batch`` (four
+edits with different renames decoded together in one merged batch: every row's draft verified
+in one forward pass). For each, greedy decode tokens/s (all rows together) of omlx's `BatchRunner` with ``num_draft_tokens`` = 0 (off) and K, the tokens
 checked equal, and the acceptance counters. Default model: the test model (SmolLM2-135M-Instruct).
 
 Measured (README, Measured performance): H200, SmolLM2-135M float32, 300 tokens, edit 1.34x at
 K=6 and 1.56x at K=10, chat 0.94x (noise: 4 verify steps, then off); 2-core CPU, edit 0.77x.
 
-    .venv/bin/python benchmarks/bench_lookup.py [--model DIR] [--scenario edit|chat|all] [--draft 6]
+    .venv/bin/python benchmarks/bench_lookup.py [--model DIR] [--scenario edit|chat|batch|all] [--draft 6]
         [--max-tokens 200] [--reps 2] [--out FILE]
 """
 
@@ -32,13 +33,17 @@ from benchmarks.common import ensure_model_dir  # noqa: E402
 from omlx.engine.runner import BatchRunner  # noqa: E402
 
 
-def edit_prompt(tokenizer) -> list[int]:
+def edit_prompt(tokenizer, old: str = "draft", new: str = "guess") -> list[int]:
     import omlx.engine.lookup as source
 
     code = inspect.getsource(source.PromptLookup.propose)
     msg = ("Here is a Python function:\n\n```python\n" + code + "```\n\nReturn the whole function "
-           "unchanged except that the variable `draft` is renamed to `guess`. Reply with the code only.")
+           f"unchanged except that the variable `{old}` is renamed to `{new}`. Reply with the code only.")
     return tokenizer.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True)
+
+
+#: The ``batch`` scenario's concurrent requests: the edit with four different renames.
+BATCH_RENAMES = [("draft", "guess"), ("history", "seen"), ("tail", "suffix"), ("length", "size")]
 
 
 def chat_prompt(tokenizer) -> list[int]:
@@ -49,44 +54,57 @@ def chat_prompt(tokenizer) -> list[int]:
 SCENARIOS = {"edit": edit_prompt, "chat": chat_prompt}
 
 
-def run(model, prompt: list[int], eos: list[int], draft: int, max_tokens: int) -> tuple[list[int], float, BatchRunner]:
+def run(model, prompts: list[list[int]], eos: list[int], draft: int,
+        max_tokens: int) -> tuple[list[list[int]], float, BatchRunner]:
+    """Decode ``prompts`` together (inserted at once); returns each one's tokens, the decode
+    tokens/s of all of them together (from the first token to the last, first tokens excluded),
+    and the runner (its draft counters)."""
     runner = BatchRunner(model, stop_tokens=[(t,) for t in eos], prefill_step_size=2048, block_size=256,
                          num_draft_tokens=draft)
-    runner.insert_segments([[prompt]], max_tokens=[max_tokens])
-    toks: list[int] = []
+    uids = runner.insert_segments([[p] for p in prompts], max_tokens=[max_tokens] * len(prompts))
+    toks: dict[int, list[int]] = {u: [] for u in uids}
     t_first = None
     while len(runner):
         _, gen = runner.next()
         for r in gen:
             if t_first is None:
                 t_first = time.perf_counter()
-            toks.append(r.token)
+            toks[r.uid].append(r.token)
     dt = time.perf_counter() - t_first  # decode time after the first token
-    return toks, (len(toks) - 1) / dt, runner
+    n = sum(len(t) for t in toks.values()) - len(prompts)
+    return [toks[u] for u in uids], n / dt, runner
 
 
-def measure(model, tok, prompt: list[int], draft: int, max_tokens: int, reps: int) -> dict:
+def measure(model, tok, prompts: list[list[int]], draft: int, max_tokens: int, reps: int) -> dict:
     """One scenario: ``reps`` alternating off/on pairs; the speed ratio on/off and acceptance."""
     rows = []
     for rep in range(reps):
         for k in (0, draft) if rep % 2 == 0 else (draft, 0):
-            toks, tps, r = run(model, prompt, list(tok.eos_token_ids), k, max_tokens)
-            rows.append({"draft": k, "tokens": len(toks), "decode_tok_s": round(tps, 2), "ids": toks,
+            toks, tps, r = run(model, prompts, list(tok.eos_token_ids), k, max_tokens)
+            rows.append({"draft": k, "tokens": sum(len(t) for t in toks), "decode_tok_s": round(tps, 2), "ids": toks,
                          "verify_steps": r.num_spec_steps, "drafted": r.num_drafted_tokens,
                          "accepted": r.num_accepted_tokens})
     off = [r for r in rows if r["draft"] == 0]
     on = [r for r in rows if r["draft"] == draft]
-    return {"prompt_tokens": len(prompt), "tokens_equal": all(r["ids"] == off[0]["ids"] for r in rows),
+    return {"prompt_tokens": [len(p) for p in prompts], "tokens_equal": all(r["ids"] == off[0]["ids"] for r in rows),
             "speedup": round(sum(r["decode_tok_s"] for r in on) / sum(r["decode_tok_s"] for r in off), 2),
             "acceptance": round(on[0]["accepted"] / max(1, on[0]["drafted"]), 3),
             "tokens_per_verify_step": round(on[0]["accepted"] / max(1, on[0]["verify_steps"]) + 1, 2),
             "runs": [{k: v for k, v in r.items() if k != "ids"} for r in rows]}
 
 
+def scenario_prompts(name: str, tok) -> list[list[int]]:
+    """The prompts of scenario ``name`` (``batch``: the edit with each of `BATCH_RENAMES`, decoded
+    together; the others one prompt)."""
+    if name == "batch":
+        return [edit_prompt(tok, old, new) for old, new in BATCH_RENAMES]
+    return [SCENARIOS[name](tok)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
-    ap.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
+    ap.add_argument("--scenario", choices=[*SCENARIOS, "batch", "all"], default="all")
     ap.add_argument("--draft", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--reps", type=int, default=2)
@@ -94,11 +112,11 @@ def main() -> None:
     a = ap.parse_args()
     path = str(ensure_model_dir(Path(a.model) if a.model else None))
     model, tok = load(path)
-    names = list(SCENARIOS) if a.scenario == "all" else [a.scenario]
-    run(model, SCENARIOS[names[0]](tok), tok.eos_token_ids, 0, 8)  # warm-up
+    names = [*SCENARIOS, "batch"] if a.scenario == "all" else [a.scenario]
+    run(model, scenario_prompts(names[0], tok), tok.eos_token_ids, 0, 8)  # warm-up
     summary = {"model": path, "device": str(mx.default_device()), "machine": platform.machine(),
                "mlx": mx.__version__, "draft": a.draft, "max_tokens": a.max_tokens,
-               "scenarios": {n: measure(model, tok, SCENARIOS[n](tok), a.draft, a.max_tokens, a.reps) for n in names},
+               "scenarios": {n: measure(model, tok, scenario_prompts(n, tok), a.draft, a.max_tokens, a.reps) for n in names},
                "date": time.strftime("%Y-%m-%d %H:%M")}
     print(json.dumps(summary, indent=1))
     if a.out:

@@ -394,8 +394,9 @@ class ServerConfig(BaseSettings):
         "fastest prefill, slowest streams)"), example=3.5)
     lookup_draft_tokens: int_in(0, 64) = _key(0, (
         "experimental prompt-lookup speculative decoding: most tokens drafted per verify step for a "
-        "greedy request decoding alone (`omlx.engine.lookup`; output equals plain greedy decoding); "
-        "0 = off (see *--lookup-draft-tokens* below the table)"), example=4)
+        "request without penalties or structured output, alone or in a batch (`omlx.engine.lookup`, "
+        "`omlx.engine.speculate`; greedy output equals plain greedy decoding, sampled output keeps the "
+        "model's distribution and a seed's tokens); 0 = off (see *--lookup-draft-tokens* below the table)"), example=4)
     model_settings: Mapping[str, ModelSettings] = _key(None, (
         "per-model settings, one table per model id (the next table)"), toml="models",
         sources=("file", "flags"), factory=dict, example={"smol": {"context_length": 4096}})

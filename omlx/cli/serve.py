@@ -34,7 +34,7 @@ def serve(
     kv_group_size: Annotated[Optional[int], typer.Option(help="Quantization group size of --kv-bits along the head dim: 32, 64 or 128 (default 64).")] = None,
     prefill_step_size: Annotated[Optional[int], typer.Option(help="Most prompt tokens of one prefill chunk, a multiple of --block-size (default: measured per model on this device at load).")] = None,
     max_tpot_slowdown: Annotated[Optional[float], typer.Option(help="While prompts prefill beside decoding streams, hold the streams' mean time per output token to at most this many times a decode-only step (default 2.0; <= 1 = off: a prefill chunk in every step).")] = None,
-    lookup_draft_tokens: Annotated[Optional[int], typer.Option(help="Prompt-lookup speculative decoding: most tokens drafted per verify step for a greedy request decoding alone (0 = off, the default; experimental).")] = None,
+    lookup_draft_tokens: Annotated[Optional[int], typer.Option(help="Prompt-lookup speculative decoding: most tokens drafted per verify step for a request without penalties or structured output, alone or in a batch (0 = off, the default; experimental).")] = None,
     no_ssd_cache: Annotated[bool, typer.Option("--no-ssd-cache", help="Keep the KV cache in RAM only.")] = False,
     memory_ceiling: Annotated[Optional[str], typer.Option(help="Most memory the process may use, e.g. 12GB; models are unloaded (LRU) to stay under it (default: total RAM - 8 GB, at least half of RAM).")] = None,
     log_level: Annotated[Optional[str], typer.Option(help="DEBUG, INFO, WARNING.")] = None,

@@ -163,15 +163,29 @@ def _guard_sampler(rid: str, sampler: Any, faults: dict[str, Exception]) -> Any:
     """A per-request sampler whose exception is recorded against ``rid`` (argmax stands in)."""
     if sampler is greedy_sampler:  # shared by greedy requests so they sample in one batched call
         return sampler
+    return _GuardedSampler(rid, sampler, faults)
 
-    def guarded(logprobs: mx.array) -> mx.array:
+
+class _GuardedSampler:
+    """`_guard_sampler`'s wrapper; passes a `RequestSampler`'s ``draw``/``keep`` (speculation) on."""
+
+    __slots__ = ("_rid", "_sampler", "_faults", "draw", "keep")
+
+    def __init__(self, rid: str, sampler: Any, faults: dict[str, Exception]):
+        self._rid, self._sampler, self._faults = rid, sampler, faults
+        if hasattr(sampler, "draw"):
+            self.draw = lambda lp: self._guarded(sampler.draw, lp)
+            self.keep = sampler.keep
+
+    def _guarded(self, fn: Any, logprobs: mx.array) -> mx.array:
         try:
-            return sampler(logprobs)
+            return fn(logprobs)
         except Exception as e:
-            faults.setdefault(rid, e)
+            self._faults.setdefault(self._rid, e)
             return mx.argmax(logprobs, axis=-1)
 
-    return guarded
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return self._guarded(self._sampler, logprobs)
 
 
 class Engine:

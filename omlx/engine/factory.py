@@ -132,8 +132,8 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
     if config.prefill_step_size:
         logger.info("%s: prefill chunk %d tokens (configured, not measured)", model_id, config.prefill_step_size)
     if config.lookup_draft_tokens:
-        logger.info("%s: prompt-lookup drafting on (experimental): up to %d tokens per verify step for a greedy "
-                    "request decoding alone", model_id, config.lookup_draft_tokens)
+        logger.info("%s: prompt-lookup drafting on (experimental): up to %d tokens per verify step for each "
+                    "request without penalties or structured output", model_id, config.lookup_draft_tokens)
         if mx.default_device() == mx.cpu:
             logger.warning("%s: prompt-lookup drafting makes decode slower on a CPU device (an MLX CPU forward "
                            "costs about linearly in its query length; 0.77x measured, benchmarks/bench_lookup.py)",

@@ -36,6 +36,11 @@ batched decode step plus at most one prefill chunk:
 - **Pipelining**: the step that feeds token t builds and queues its graph (``mx.async_eval``)
   before the host reads t, so the host's work of a step (reading tokens, stop checks, the
   engine's detokenizing) overlaps the accelerator's next forward: one host sync per step.
+- **Speculation** (``num_draft_tokens``, `_spec_step`): a verify step feeds every speculating
+  row its prompt-lookup draft, beside plain rows, in one forward pass, and keeps per row what
+  its own sampler would have drawn (`omlx.engine.speculate`: greedy and sampled rows alike); in
+  a merged batch the KV is `omlx.engine.ragged_cache.RaggedBatchKVCache`, whose rows each drop
+  their own rejected positions.
 
 The call surface (``insert_segments``, ``next``, ``remove``) and response fields follow
 mlx-lm's ``BatchGenerator``, so the engine and the cluster's replication layer drive either.
@@ -54,13 +59,15 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import KVCache, TokenBuffer, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.engine.cache_spec import freeze
 from omlx.engine.grammar import GrammarMatcher, Grammars, mask_logits
 from omlx.engine.lookup import PromptLookup
 from omlx.engine.pacing import PrefillPacer
+from omlx.engine.ragged_cache import RaggedBatchKVCache
+from omlx.engine.speculate import Drafting, can_draft, verify
 
 logger = logging.getLogger(__name__)
 
@@ -144,14 +151,10 @@ class _Seq:
     context: TokenBuffer | None = None  # tokens seen by the processors
     grammar: GrammarMatcher | None = None  # constrained decoding (structured outputs)
     num_generated: int = 0
-    # Speculative decoding (prompt lookup), only while the sequence decodes alone:
-    lookup: PromptLookup | None = None
+    # Speculative decoding (prompt lookup):
+    drafting: Drafting | None = None  # set at its first chance to speculate
     spec_off: bool = False  # not eligible, or switched off for low acceptance
     y_known: int | None = None  # the token to feed next, already read by a verify step
-    num_draft: int = 0  # draft length of the next verify step (adapted to acceptance)
-    num_spec_steps: int = 0
-    num_drafted: int = 0
-    num_accepted: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -226,8 +229,10 @@ class BatchRunner:
         grammars: the model's `Grammars`, needed for sequences inserted with a grammar matcher
             (constrained decoding); None when none will be.
         num_draft_tokens: most tokens prompt lookup drafts per verify step (0: speculation
-            off). Used for a greedy sequence without processors or grammar while it decodes
-            alone over plain ``KVCache`` layers (the only ones trimmed exactly); see `_spec_step`.
+            off). Used for a sequence without processors or grammar, greedy or sampled
+            (`omlx.engine.speculate`), alone over plain ``KVCache`` layers or in a merged batch
+            whose layers are all ``BatchKVCache`` (made `RaggedBatchKVCache`, so each row
+            drops its own rejected tokens); see `_spec_step`.
         max_tpot_slowdown: a prefill chunk joins a step beside decoding sequences only while
             their mean step time stays within this many decode-only steps (`PrefillPacer`,
             ``self.pacer``); <= 1 = off, a chunk in every step.
@@ -235,12 +240,6 @@ class BatchRunner:
             the engine turns it on for a CUDA device). Needs a model that returns every
             position's logits, so never for a cluster stage (its logits are the last position's).
     """
-
-    #: A sequence whose verify steps accept fewer tokens than this on average, over at least
-    #: `SPEC_PROBE_STEPS` of them, stops speculating (a failed verify costs a wider forward
-    #: and a host sync the pipelined step hides).
-    SPEC_MIN_ACCEPTED = 0.5
-    SPEC_PROBE_STEPS = 16
 
     def __init__(self, model: Any, *, stop_tokens: Sequence[Sequence[int]], prefill_step_size: int = 2048,
                  mixed_step_size: int | None = None, block_size: int = 256,
@@ -274,7 +273,7 @@ class BatchRunner:
         self._reports: list[tuple[int, list[Any], int]] = []  # chunk hooks due after the next step
         self.num_prefill_tokens = 0  # tokens prefilled (cached prefixes excluded), all time
         self.num_draft_tokens = max(0, num_draft_tokens)
-        self.num_spec_steps = 0  # verify steps run, all time
+        self.num_spec_steps = 0  # drafts checked (one per speculating row of a verify step), all time
         self.num_drafted_tokens = 0  # draft tokens proposed, all time
         self.num_accepted_tokens = 0  # of them accepted, all time
         self.pacer = PrefillPacer(max_tpot_slowdown)
@@ -405,7 +404,11 @@ class BatchRunner:
         views: list[Any] = []
         pad: int | None = None  # the row's left padding, the same in every BatchKVCache layer
         for c in self._cache:
-            if isinstance(c, BatchKVCache):
+            if isinstance(c, RaggedBatchKVCache):
+                if pad is None:
+                    pad = c.left_padding[row].item()
+                views.append(c.row_view(row, pad))
+            elif isinstance(c, BatchKVCache):
                 if pad is None:
                     pad = c.left_padding[row].item()  # one host sync, not one per layer
                 views.append(_row_view(c, row, pad, c._idx))
@@ -430,11 +433,10 @@ class BatchRunner:
         with mx.stream(self._stream):
             self._join()
             y_in, lp_in, rows = self._y, self._lp, list(self._rows)
-            spec = self._spec_candidate() if y_in is not None and self.num_draft_tokens else None
-            gen_resps = self._spec_step(spec, y_in, lp_in) if spec is not None else None
+            gen_resps = self._spec_step(y_in, lp_in) if y_in is not None and self.num_draft_tokens else None
             if gen_resps is None and y_in is not None:
-                if len(rows) == 1:
-                    rows[0].y_known = None  # a plain step feeds (and later reads) y_in itself
+                for s in rows:
+                    s.y_known = None  # a plain step feeds (and later reads) y_in itself
                 # Queue the step that feeds y_in before the host reads it (pipelining).
                 logits = self.model(y_in[:, None], cache=self._cache)[:, -1, :]
                 self._y, self._lp = _sample(self._rows, logits, y_in, self.grammars)
@@ -643,6 +645,9 @@ class BatchRunner:
         self._y = mx.concatenate(ys) if len(ys) > 1 else ys[0]
         self._lp = mx.concatenate(lps, axis=0) if len(lps) > 1 else lps[0]
         self._rows.extend(s for j in joining for s in j.seqs)
+        if self._merged and self.num_draft_tokens:
+            # Rows that speculate drop their own rejected tokens (same arrays, no copy).
+            self._cache = [RaggedBatchKVCache.adopt(c) if type(c) is BatchKVCache else c for c in self._cache]
 
     def _emit(self, rows: list[_Seq], y_in: mx.array, lp_in: mx.array) -> list[TokenResponse]:
         """Read the tokens just fed to ``rows`` (the one host sync of the step) and emit them."""
@@ -662,87 +667,107 @@ class BatchRunner:
 
     # ---- speculative decoding (prompt lookup) ----------------------------------------------
 
-    def _spec_candidate(self) -> _Seq | None:
-        """The sequence to speculate for in this step, or None for a plain pipelined step.
-
-        Only a lone decoding sequence speculates: a merged batch's caches cannot drop one
-        row's rejected tokens. A step whose next token is not yet on the host speculates only
-        when the tokens known so far already end in a repeated n-gram (reading the token
-        costs the pipeline's overlap).
-        """
-        if self._merged or len(self._rows) != 1:
-            return None
-        s = self._rows[0]
+    def _drafting(self, s: _Seq) -> Drafting | None:
+        """``s``'s drafting state, made at its first chance; None while it may not speculate."""
         if s.spec_off:
             return None
-        if s.lookup is None:
-            if (s.sampler is not greedy_sampler or s.processors or s.grammar is not None
-                    or not all(type(c) is KVCache for c in self._cache)):
+        if s.drafting is None:
+            if not can_draft(s.sampler, s.processors, s.grammar):
                 s.spec_off = True
                 return None
-            s.lookup, s.num_draft = PromptLookup(), self.num_draft_tokens
-        if s.y_known is None and not s.lookup.propose(s.tokens, 1):
-            return None
-        return s
+            s.drafting = Drafting(PromptLookup(), self.num_draft_tokens)
+        return s.drafting
 
-    def _spec_step(self, s: _Seq, y_in: mx.array, lp_in: mx.array) -> list[TokenResponse] | None:
-        """One verify step of lone sequence ``s``: feed its next token ``y`` and up to
-        ``s.num_draft`` drafted tokens ``d1..dk`` in one forward pass, keep the longest prefix
-        of the draft that greedy decoding would have produced, and trim the KV of the rest.
+    def _trims_rows(self) -> bool:
+        """The decode batch's caches can drop a different count of tokens per row: a lone
+        row's plain ``KVCache`` layers (trimmed), a merged batch's `RaggedBatchKVCache`."""
+        if self._merged:
+            return all(isinstance(c, RaggedBatchKVCache) for c in self._cache)
+        return all(type(c) is KVCache for c in self._cache)
 
-        The logits after ``y, d1..di`` are the ones a plain step would compute after those
-        tokens, so the emitted tokens are greedy decoding's (up to the last bits of a wider
-        matmul). Returns the emitted responses (``y``, the accepted drafts), or None when no
-        draft was found (the caller runs a plain step; ``y`` is then on the host).
+    def _spec_step(self, y_in: mx.array, lp_in: mx.array) -> list[TokenResponse] | None:
+        """One verify step of the decode batch, or None for a plain step.
+
+        Each row that may speculate gets a draft ``d1..dk`` (prompt lookup, up to its
+        adaptive ``num_draft``) after its next token ``y``; the batch is fed ``[y, d1..dk]``
+        per row, right-padded to the longest draft (a plain row: ``[y, pad...]``), in one
+        forward pass. `omlx.engine.speculate.verify` keeps each row's draft up to the first
+        token its own sampler would not have drawn and picks its next token; the KV of every
+        row's rest is dropped (``trim`` alone, `RaggedBatchKVCache.trim_rows` merged). A row
+        that finishes inside its kept tokens (a stop token, ``max_tokens``) ends there, its
+        caches cut to its last emitted token.
+
+        The step runs when some row's next token is already on the host (a verify step reads
+        them all) or its known tokens end in an n-gram seen before: reading the tokens to feed
+        costs the pipeline's overlap, so a step with no likely draft stays pipelined. Returns
+        the emitted responses (each row's ``y``, then its kept drafts), or None when no row
+        had a draft (the tokens are then on the host, and a plain step feeds them).
         """
-        y = s.y_known if s.y_known is not None else int(y_in.item())
-        s.y_known = None
-        room = s.max_tokens - s.num_generated - 1  # tokens still allowed after y
-        draft = s.lookup.propose(s.tokens, min(s.num_draft, room), last=y) if room > 0 else []  # type: ignore[union-attr]
-        if not draft:
+        rows = self._rows
+        cand = [(i, d) for i, d in enumerate(map(self._drafting, rows)) if d is not None]
+        if not cand or not self._trims_rows():
             return None
-        x = mx.array([y, *draft], dtype=mx.uint32)[None]
-        logits = self.model(x, cache=self._cache)[0]  # (k + 1, V)
-        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        g = mx.argmax(lp, axis=-1)
-        guess = g.tolist()  # the step's host sync
-        a = 0
-        while a < len(draft) and guess[a] == draft[a]:
-            a += 1
-        self._trim(len(draft) - a)
-        self._y, self._lp = g[a : a + 1], lp[a : a + 1]
-        s.y_known = guess[a]
-        s.num_spec_steps += 1
-        s.num_drafted += len(draft)
-        s.num_accepted += a
-        self.num_spec_steps += 1
-        self.num_drafted_tokens += len(draft)
-        self.num_accepted_tokens += a
-        s.num_draft = min(self.num_draft_tokens, max(1, 2 * a))
-        if s.num_spec_steps >= self.SPEC_PROBE_STEPS and s.num_accepted < self.SPEC_MIN_ACCEPTED * s.num_spec_steps:
-            s.spec_off = True
-            logger.info("speculation off for sequence %d: %d of %d drafted tokens accepted in %d verify steps",
-                        s.uid, s.num_accepted, s.num_drafted, s.num_spec_steps)
-        emitted = [(y, lp_in, 0)] + [(draft[j], lp, j) for j in range(a)]
+        if not any(rows[i].y_known is not None or d.lookup.propose(rows[i].tokens, 1) for i, d in cand):
+            return None
+        known = [s.y_known for s in rows]
+        ys: list[int] = known if None not in known else y_in.tolist()  # type: ignore[assignment]
+        drafts: list[list[int]] = [[] for _ in rows]
+        for i, d in cand:  # room: tokens still allowed after y
+            drafts[i] = d.propose(rows[i].tokens, ys[i], rows[i].max_tokens - rows[i].num_generated - 1)
+        width = 1 + max(len(d) for d in drafts)
+        if width == 1:
+            return None
+        x = mx.array([[y, *d] + [0] * (width - 1 - len(d)) for y, d in zip(ys, drafts)], dtype=mx.uint32)
+        logits = self.model(x, cache=self._cache)  # (B, width, V)
+        v = verify(logits, [s.sampler for s in rows], drafts, y_in,
+                   lambda idx, lg, inp: _sample([rows[i] for i in idx], lg, inp, self.grammars))
+        self._trim_rows([width - 1 - a for a in v.accepted])
+        self._y, self._lp = mx.array(v.next_tokens, dtype=mx.uint32), v.lp_next
         out: list[TokenResponse] = []
-        for i, (t, arr, row) in enumerate(emitted):
-            reason = self._advance(s, t)
-            r = TokenResponse(s.uid, t, arr, row, reason)
-            out.append(r)
-            if i == 0:
-                r.draft = (len(draft), a, s.spec_off)
-            if reason is not None:
-                self._trim(len(emitted) - i - 1)  # the KV past the finishing token
-                r.prompt_cache, r.all_tokens = self._extract(0), list(s.tokens)
-                self._drop_rows([0])
-                break
+        done: list[int] = []
+        for i, (s, y, d, a) in enumerate(zip(rows, ys, drafts, v.accepted)):
+            s.y_known = v.next_tokens[i]
+            if d:
+                self._record(s, len(d), a)
+            emitted = [(y, lp_in, i)] + [(d[j], v.lp_positions[i], j) for j in range(a)]
+            for e, (t, arr, row) in enumerate(emitted):
+                reason = self._advance(s, t)
+                r = TokenResponse(s.uid, t, arr, row, reason)
+                out.append(r)
+                if e == 0 and d:
+                    r.draft = (len(d), a, s.spec_off)
+                if reason is not None:
+                    r.prompt_cache, r.all_tokens = self._extract(i), list(s.tokens)
+                    for c in r.prompt_cache:  # the kept tokens past the finishing one
+                        c.trim(len(emitted) - e - 1)
+                    done.append(i)
+                    break
+        if done:
+            self._drop_rows(done)
         return out
 
-    def _trim(self, n: int) -> None:
-        """Drop the last ``n`` positions of the lone sequence's caches (plain ``KVCache``)."""
-        if n > 0:
-            for c in self._cache:
-                c.trim(n)
+    def _record(self, s: _Seq, drafted: int, accepted: int) -> None:
+        """Count a verify step of ``s`` (its `Drafting` and the runner's all-time counters)."""
+        dr = s.drafting
+        assert dr is not None
+        dr.record(drafted, accepted, self.num_draft_tokens)
+        if dr.off:
+            s.spec_off = True
+            logger.info("speculation off for sequence %d: %d of %d drafted tokens accepted in %d verify steps",
+                        s.uid, dr.num_accepted, dr.num_drafted, dr.num_steps)
+        self.num_spec_steps += 1
+        self.num_drafted_tokens += drafted
+        self.num_accepted_tokens += accepted
+
+    def _trim_rows(self, n: list[int]) -> None:
+        """Drop the last ``n[i]`` positions of decode row ``i`` (see `_trims_rows`)."""
+        if not self._merged:
+            if n[0]:
+                for c in self._cache:
+                    c.trim(n[0])
+            return
+        for c in self._cache:
+            c.trim_rows(n)
 
     @staticmethod
     def _advance(s: _Seq, token: int) -> str | None:

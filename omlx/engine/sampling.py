@@ -53,33 +53,79 @@ def make_sampler(params: SamplingParams) -> Sampler:
 
     Returns:
         A callable taking log-probabilities (B, V) float32 and returning token ids (B,) uint32.
-        Greedy requests get mlx-lm's shared ``greedy_sampler``.
+        Greedy requests get mlx-lm's shared ``greedy_sampler``; others a `RequestSampler`.
     """
     if params.greedy:
         return greedy_sampler
-    filters: list[Callable[[mx.array], mx.array]] = []
-    if 0.0 < params.top_p < 1.0:
-        filters.append(lambda x: apply_top_p(x, params.top_p))
-    if params.min_p > 0.0:
-        filters.append(lambda x: apply_min_p(x, params.min_p, 1))
-    if params.top_k > 0:
-        # k at or past the vocabulary keeps every token: no filter. mlx-lm's apply_top_k raises
-        # there, inside a function compiled over mx.random.state, which leaves that state
-        # unusable for every later sampled request of the process.
-        filters.append(lambda x: apply_top_k(x, params.top_k) if params.top_k < x.shape[-1] else x)
-    temp = params.temperature
-    # OpenAI seeds are any integer; MLX keys take 0..2**64-1, so fold the seed into that range.
-    key = [mx.random.key(params.seed % 2**64)] if params.seed is not None else None
+    return RequestSampler(params)
 
-    def sampler(logprobs: mx.array) -> mx.array:
-        for f in filters:
+
+class RequestSampler:
+    """One request's sampler (temperature > 0): mlx-lm's filters, then a categorical draw.
+
+    The filters are mlx-lm's ``apply_top_p``, ``apply_min_p``, ``apply_top_k`` in the order
+    ``mlx_lm.sample_utils.make_sampler`` applies them, then a draw from
+    ``softmax(filtered / temperature)`` (``categorical_sampling``). A ``seed`` gives the request
+    its own key chain: call ``n`` draws with the ``n``-th key split off it.
+
+    Besides the call, `draw` and `keep` serve speculative decoding (`omlx.engine.speculate`):
+    `draw` samples each of a sequence's next positions exactly as the next calls would, and
+    `keep` consumes the keys of the positions actually used, so a seeded request draws the same
+    tokens whether or not its positions were verified together.
+    """
+
+    __slots__ = ("_filters", "_temp", "_key", "_pending")
+
+    def __init__(self, params: SamplingParams):
+        filters: list[Callable[[mx.array], mx.array]] = []
+        if 0.0 < params.top_p < 1.0:
+            filters.append(lambda x: apply_top_p(x, params.top_p))
+        if params.min_p > 0.0:
+            filters.append(lambda x: apply_min_p(x, params.min_p, 1))
+        if params.top_k > 0:
+            # k at or past the vocabulary keeps every token: no filter. mlx-lm's apply_top_k raises
+            # there, inside a function compiled over mx.random.state, which leaves that state
+            # unusable for every later sampled request of the process.
+            filters.append(lambda x: apply_top_k(x, params.top_k) if params.top_k < x.shape[-1] else x)
+        self._filters = filters
+        self._temp = params.temperature
+        # OpenAI seeds are any integer; MLX keys take 0..2**64-1, so fold the seed into that range.
+        self._key = mx.random.key(params.seed % 2**64) if params.seed is not None else None
+        self._pending: list[mx.array] = []  # key chain states after each position of the last draw
+
+    def _filter(self, logprobs: mx.array) -> mx.array:
+        for f in self._filters:
             logprobs = f(logprobs)
-        if key is None:
-            return categorical_sampling(logprobs, temp)
-        key[0], sub = mx.random.split(key[0])
-        return mx.random.categorical(logprobs * (1.0 / temp), key=sub)
+        return logprobs
 
-    return sampler
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        """Tokens (B,) uint32 drawn from ``logprobs`` (B, V) float32 (one key for the call)."""
+        logprobs = self._filter(logprobs)
+        if self._key is None:
+            return categorical_sampling(logprobs, self._temp)
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.categorical(logprobs * (1.0 / self._temp), key=sub)
+
+    def draw(self, logprobs: mx.array) -> mx.array:
+        """Tokens (N,) uint32 for ``logprobs`` (N, V) float32, the distributions at one
+        sequence's next N positions: position ``j`` is drawn as the ``j``-th call from now would
+        draw it (its own key of the chain; unseeded, an independent draw). Consumes nothing
+        until `keep`."""
+        logprobs = self._filter(logprobs)
+        if self._key is None:
+            return categorical_sampling(logprobs, self._temp)
+        key, out, self._pending = self._key, [], []
+        for j in range(logprobs.shape[0]):
+            key, sub = mx.random.split(key)
+            self._pending.append(key)
+            out.append(mx.random.categorical(logprobs[j : j + 1] * (1.0 / self._temp), key=sub))
+        return mx.concatenate(out)
+
+    def keep(self, n: int) -> None:
+        """The first ``n`` positions of the last `draw` were used: advance the key chain past them."""
+        if self._key is not None and n > 0:
+            self._key = self._pending[n - 1]
+        self._pending = []
 
 
 def make_processors(params: SamplingParams) -> list[Callable[[mx.array, mx.array], mx.array]]:

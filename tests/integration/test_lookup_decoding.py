@@ -115,3 +115,36 @@ def test_logprobs_and_a_stop_string_inside_a_draft_equal_the_plain_server(server
     sb = _client(off).chat.completions.create(**kw).choices[0]
     assert (sa.message.content, sa.finish_reason) == (sb.message.content, sb.finish_reason)
     assert sb.finish_reason == "stop" and stop not in sb.message.content
+
+
+def _edit(old: str, new: str) -> list[dict]:
+    import omlx.engine.lookup as source
+
+    code = inspect.getsource(source.PromptLookup.propose)
+    return [{"role": "user", "content": "Here is a Python function:\n\n```python\n" + code + "```\n\nReturn it "
+             f"unchanged except that `{old}` is renamed to `{new}`. Reply with the code only."}]
+
+
+def test_concurrent_requests_draft_in_one_batch_and_each_equals_the_plain_server(servers):
+    """Four requests at once (three edits that draft, one chat answer that hardly does) decode in
+    one batch on the drafting server; each greedy text equals the plain server's, and a seeded
+    sampled edit draws the same text on both (the acceptance rule draws each position with the
+    key a plain step would use)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    on, off = servers
+    asks = [dict(messages=_edit("draft", "guess"), max_tokens=40, temperature=0),
+            dict(messages=_edit("history", "seen"), max_tokens=40, temperature=0),
+            dict(messages=[{"role": "user", "content": "Name three rivers of Europe."}], max_tokens=24, temperature=0),
+            dict(messages=_edit("tail", "suffix"), max_tokens=40, temperature=0.3, seed=8)]
+
+    def ask(server: ServerProcess, kw: dict) -> tuple[str, int]:
+        r = _client(server).chat.completions.create(model="SmolLM2-135M-Instruct", **kw)
+        d = r.usage.completion_tokens_details
+        return r.choices[0].message.content, (d.accepted_prediction_tokens if d is not None else 0)
+
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got_on = list(pool.map(lambda kw: ask(on, kw), asks))
+        got_off = list(pool.map(lambda kw: ask(off, kw), asks))
+    assert [t for t, _ in got_on] == [t for t, _ in got_off]
+    assert got_on[0][1] > 0 and got_on[1][1] > 0 and got_on[3][1] > 0, got_on

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import random
 
-import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten, tree_unflatten
 
 from omlx.engine.lookup import PromptLookup
 from omlx.engine.runner import BatchRunner
+from tests.unit.engine.conftest import looping_llama
 from tests.unit.engine.test_runner import drive, reference
 
 
@@ -37,18 +36,8 @@ def test_lookup_proposes_what_followed_the_last_earlier_occurrence():
 
 @pytest.fixture(scope="module")
 def model():
-    """A tiny random llama (vocab 512, weights std 1/sqrt(fan_in)) whose greedy output loops."""
-    from mlx_lm.models import llama
-
-    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                           vocab_size=512, rope_theta=10000.0, tie_word_embeddings=True)
-    m = llama.Model(args)
-    mx.random.seed(3)
-    m.update(tree_unflatten([(k, mx.random.normal(v.shape) / v.shape[-1] ** 0.5 if v.ndim > 1 else v)
-                             for k, v in tree_flatten(m.parameters())]))
-    mx.eval(m.parameters())
-    return m
+    """A tiny random llama (vocab 512) whose greedy output loops (`conftest.looping_llama`)."""
+    return looping_llama()
 
 
 def _loop_prompt(n: int = 48, seed: int = 1) -> list[int]:
@@ -82,7 +71,7 @@ def test_max_tokens_and_stop_tokens_inside_an_accepted_draft(model):
     assert got == ref[: cut + 1], (cut, got)  # the stop token is emitted, with its finish reason
 
 
-def test_a_batch_speculates_only_while_one_sequence_is_left_and_stays_exact(model):
+def test_a_batch_with_late_arrivals_and_a_removal_speculates_and_stays_exact(model):
     loop = _loop_prompt()
     other = [_loop_prompt(20, seed=2), _loop_prompt(90, seed=3)]
     runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, mixed_step_size=32, block_size=64,
@@ -95,7 +84,8 @@ def test_a_batch_speculates_only_while_one_sequence_is_left_and_stays_exact(mode
     assert runner.num_spec_steps > 0
 
 
-def test_sampled_or_processed_sequences_never_speculate(model):
+def test_a_sampler_that_cannot_draw_positions_never_speculates(model):
+    """A custom sampler (no ``draw``/``keep``, `omlx.engine.speculate.can_draft`) decodes plainly."""
     import mlx.core as mx
 
     p = _loop_prompt()

@@ -1,0 +1,189 @@
+"""A decode batch's KV whose rows end at their own positions, so each row can drop its own tail.
+
+Speculative decoding verifies every speculating row's draft in one forward pass; afterwards each
+row keeps a different number of the positions just written (row i keeps ``1 + accepted_i``,
+a plain decode row beside them keeps 1). mlx-lm's ``BatchKVCache`` has one write index
+``_idx`` for all rows, so ``trim(n)`` drops the same count from every row. `RaggedBatchKVCache`
+(our subclass of it) lets row ``i`` end ``slack[i]`` positions before ``_idx``:
+
+    row 0:  pad pad  t0 t1 t2 t3 t4 t5 | _idx          slack 0
+    row 1:   t0  t1  t2 t3 t4  x  x  x | _idx          slack 3  (x: dropped, never read)
+
+- **Writes** go to each row's own end (``put_along_axis`` of the ``(B, H, N, D)`` new keys at
+  ``end_i .. end_i + N - 1``), so a row's tokens stay contiguous ``[left_padding_i, end_i)``
+  and the dropped positions are overwritten by its next tokens. While no row has slack (no
+  speculation), writes are the parent's slice update.
+- **The mask** (``make_mask``) lets query ``j`` of row ``i`` (at position ``end_i + j``) see
+  ``[left_padding_i, end_i + j]``: the dropped positions past a row's end are never read.
+- **RoPE** positions are ``offset`` (per row, as in ``BatchKVCache``), which counts only kept
+  tokens: `trim_rows` lowers it with the row's end, so ``offset_i + left_padding_i == end_i``.
+- The key length of attention is ``_idx = max_i end_i``; a common tail (every row's slack >= m)
+  is cut at once. Rows that fall behind the leading row cost the same wasted key positions as the
+  left padding of a row that joined later (the batch is a rectangle ``max_i (pad_i + tokens_i)``
+  wide either way); `filter` (a row leaving) re-aligns the rows when that lets it cut width.
+
+Options weighed (issue 25): (a) "holes" (write at the shared ``_idx``, mask out each row's
+rejected positions) needs a ``(B, S)`` validity array in every mask and grows every row by the
+whole draft width on every verify step, plain rows included (K pad positions per step), so it
+needs periodic compaction copies; (b) rolling each row that kept fewer tokens right after every
+verify step (mlx-lm's ``finalize`` does this for right padding) copies the whole KV of the batch
+on almost every verify step. Ragged ends need neither: one scatter of the new positions per
+layer per step while rows are ragged (measured on 2 CPU cores, B=4, H=8, 4k x 64 fp16: the
+scatter costs about what the slice update does), no copy of old KV, a mask computed from
+``(B,)`` arrays.
+
+Relies on mlx-lm 0.32's ``BatchKVCache`` layout (``keys``/``values``/``_idx``, ``offset +
+left_padding == _idx`` per row, ``filter`` cutting common left padding, ``extend``
+right-justifying at ``_idx``); tests/unit/engine/test_spec_batch.py checks every method against
+each row's own ``KVCache``, so an upstream change shows there.
+
+Must not: know about requests, drafts or sampling; the runner decides what each row keeps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
+
+
+class RaggedBatchKVCache(BatchKVCache):
+    """mlx-lm's ``BatchKVCache`` whose rows may end before the shared write index ``_idx``.
+
+    Attributes (beyond ``BatchKVCache``'s ``keys``, ``values`` ``(B, H, S, D)``,
+    ``offset``/``left_padding`` ``(B,)`` int32 and ``_idx``):
+        slack: per row (host ints), positions between the row's end and ``_idx``; the row's
+            tokens are ``[left_padding[i], _idx - slack[i])``. All zero: the parent's layout.
+    """
+
+    def __init__(self, left_padding: list[int]):
+        super().__init__(left_padding)
+        self.slack = [0] * len(left_padding)
+
+    @classmethod
+    def adopt(cls, c: BatchKVCache) -> RaggedBatchKVCache:
+        """``c``'s arrays as a `RaggedBatchKVCache` (no copy; ``c`` must not be used after)."""
+        r = cls.__new__(cls)
+        r.__dict__.update(c.__dict__)
+        r.slack = list(getattr(c, "slack", None) or [0] * c.offset.shape[0])
+        return r
+
+    # ---- the forward pass ----------------------------------------------------------------
+
+    def _ends(self) -> mx.array:
+        """``(B,)`` int32: where each row's next token is written (one past its last token)."""
+        return self.offset + self.left_padding
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write ``(B, H, N, D)`` keys/values at each row's end; every position up to the new
+        ``_idx`` is returned (rows' dropped positions included: the mask hides them)."""
+        if not any(self.slack):
+            return super().update_and_fetch(keys, values)
+        prev, n = self._idx, keys.shape[2]
+        if prev + n > self.keys.shape[2]:  # grow as the parent does (a multiple of ``step``)
+            B, H, _, dk = keys.shape
+            size = (self.step + n - 1) // self.step * self.step
+            self.keys = mx.concatenate([self.keys[..., :prev, :], mx.zeros((B, H, size, dk), keys.dtype)], axis=2)
+            self.values = mx.concatenate(
+                [self.values[..., :prev, :], mx.zeros((B, H, size, values.shape[3]), values.dtype)], axis=2)
+        ends = mx.array([prev - s for s in self.slack])
+        idx = (ends[:, None] + mx.arange(n)[None])[:, None, :, None]  # (B, 1, N, 1)
+        self.keys = mx.put_along_axis(self.keys, idx, keys, axis=2)
+        self.values = mx.put_along_axis(self.values, idx, values, axis=2)
+        self.offset = self.offset + n
+        self._idx += n
+        return self.keys_and_values()
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None,
+                  **kwargs: Any) -> mx.array:
+        """``(B, 1, N, _idx + N)`` bool: query ``j`` of row ``i`` sees ``[left_padding_i,
+        end_i + j]`` (and only the last ``window_size`` of those, when given). With no slack,
+        the parent's mask (the same values)."""
+        if not any(self.slack):
+            return super().make_mask(N, return_array=return_array, window_size=window_size, **kwargs)
+        pos = self._ends()[:, None, None, None] + mx.arange(N)[:, None]  # (B, 1, N, 1)
+        t = mx.arange(self._idx + N)
+        mask = (t <= pos) & (t >= self.left_padding[:, None, None, None])
+        if window_size is not None:
+            mask = mask & (t > pos - window_size)
+        return mask
+
+    # ---- what the runner does between steps ----------------------------------------------
+
+    def trim_rows(self, n: Sequence[int]) -> None:
+        """Drop the last ``n[i]`` tokens of each row ``i`` (their KV is never read again)."""
+        if len(n) != len(self.slack):
+            raise ValueError(f"trim_rows needs one count per row: {len(self.slack)} rows, got {len(n)}")
+        if not any(n):
+            return
+        self.offset = self.offset - mx.array(list(n))
+        self.slack = [s + k for s, k in zip(self.slack, n)]
+        self._cut_common_tail()
+
+    def _cut_common_tail(self) -> None:
+        m = min(self.slack, default=0)
+        if m:
+            self._idx -= m
+            self.slack = [s - m for s in self.slack]
+
+    def filter(self, batch_indices: Sequence[int] | mx.array) -> None:
+        """Keep rows ``batch_indices`` (in place); cut the width no kept row uses, re-aligning
+        the rows' ends (one copy) when their slack and padding together allow it."""
+        keep = batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
+        self.slack = [self.slack[i] for i in keep]
+        super().filter(batch_indices)  # gathers the rows and cuts the padding they all have
+        self._cut_common_tail()
+        if any(self.slack) and self.keys is not None:
+            pads = self.left_padding.tolist()
+            cut = min(p + s for p, s in zip(pads, self.slack))
+            if cut > 0:  # every row has this much padding once aligned
+                self.align()
+                self.keys, self.values = self.keys[..., cut:, :], self.values[..., cut:, :]
+                self.left_padding = self.left_padding - cut
+                self._idx -= cut
+
+    def align(self) -> None:
+        """Move every row's tokens right by its slack (its dropped positions become left
+        padding): the parent's layout again, one copy of the keys and values."""
+        if not any(self.slack) or self.keys is None:
+            self.slack = [0] * len(self.slack)
+            return
+        shift = mx.array(self.slack)
+        self.keys = dynamic_roll(self.keys[..., : self._idx, :], shift[:, None], axis=2)
+        self.values = dynamic_roll(self.values[..., : self._idx, :], shift[:, None], axis=2)
+        self.left_padding = self.left_padding + shift
+        self.slack = [0] * len(self.slack)
+
+    def extend(self, other: BatchKVCache) -> None:
+        """Append ``other``'s rows (a ``BatchKVCache`` or another of these); both are
+        right-justified at the longer ``_idx`` by the parent, so each row's slack is kept."""
+        theirs = list(getattr(other, "slack", None) or [0] * other.offset.shape[0])
+        super().extend(other)
+        self.slack = self.slack + theirs
+
+    def extract(self, idx: int) -> KVCache:
+        """Row ``idx``'s tokens as a batch-1 ``KVCache`` (a copy)."""
+        pad = self.left_padding[idx].item()
+        end = self._idx - self.slack[idx]
+        c = KVCache()
+        c.keys = mx.contiguous(self.keys[idx : idx + 1, :, pad:end])
+        c.values = mx.contiguous(self.values[idx : idx + 1, :, pad:end])
+        c.offset = end - pad
+        return c
+
+    def row_view(self, row: int, pad: int) -> KVCache:
+        """A batch-1 ``KVCache`` view (no copy) of row ``row``, whose left padding is ``pad``."""
+        end = self._idx - self.slack[row]
+        v = KVCache()
+        v.state = (self.keys[row : row + 1, :, pad:end], self.values[row : row + 1, :, pad:end], end - pad)
+        return v
+
+    @property
+    def state(self) -> tuple[Any, ...]:
+        return self.keys, self.values, self.offset, self.left_padding, self._idx
+
+    @state.setter
+    def state(self, v: tuple[Any, ...]) -> None:
+        self.keys, self.values, self.offset, self.left_padding, self._idx = v
+        self.slack = [self._idx - e for e in self._ends().tolist()]  # the ends are in the arrays
