@@ -402,6 +402,7 @@ class Engine:
             num_draft_tokens=self.num_draft_tokens,
             max_tpot_slowdown=self.max_tpot_slowdown,
             pad_shapes=self.pad_shapes,
+            finished_caches=self.prefix_cache is not None,
         )
         return runner if self.pipeline is None else self.pipeline.wrap_runner(runner)
 
