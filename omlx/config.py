@@ -268,7 +268,8 @@ class CacheConfig(_Frozen):
     ssd_write_through_hits: Count = _key(2, (
         "write a hot block to disk (high priority) once it was hit this many times; 0 turns that off"), example=0)
     ssd_write_new_blocks: bool = _key(True, (
-        "queue every new full block for disk at low priority, so a crash (kill -9) loses only the write queue"),
+        "queue every new block and tail for disk at low priority, so a crash (kill -9) loses only the write "
+        "queue; those holding generated tokens when the engine idles (or at their first hit), not while requests decode"),
         example=False)
 
 

@@ -4,10 +4,15 @@ This module owns the policy between the hot tier (``omlx.cache.paged.BlockPool``
 the cold tier (``omlx.cache.ssd.SSDStore``, disk):
 
 * **Write-back**: a full block evicted from RAM is queued for disk at high priority.
-* **Write-through**: every newly registered full block and tail is queued at low priority
-  (so a kill -9 loses only what was still in the queue), and a block hit
+* **Write-through**: every newly registered full block and tail that holds a prompt token is
+  queued at low priority (so a kill -9 loses only what was still in the queue), and a block hit
   ``write_through_hits`` times is queued at high priority (in case its low-priority write was
-  dropped). A tail that a longer sibling on disk covers is not written, and is deleted from
+  dropped). A block or tail that holds generated tokens (``defer_generated``) is held back
+  instead and queued when the engine is idle (`write_deferred`: no request running or
+  waiting), at its first hit (a next turn that repeats the answer), or written back when
+  evicted or at close, whichever comes first: 32 streams of one-off answers wrote ~700 MB of
+  tails per wave on an H100 while the next requests decoded; a kill -9 under a load that never
+  idles loses them (a follow-up turn then recomputes its previous answer's KV). A tail that a longer sibling on disk covers is not written, and is deleted from
   disk when such a sibling is written (``SSDStore``): bytes stay linear in unique tokens.
 * **Restore-on-lookup**: after the hot lookup stops, the chain continues on disk (key of the
   next block under the last parent found; the index says whether its file exists), then the
@@ -58,6 +63,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Most held-back writes kept before those of blocks no longer registered are forgotten.
+_MAX_DEFERRED = 4096
+
 
 class PayloadCodec(Protocol):
     """Converts the engine's block payloads to host arrays and back (engine thread only)."""
@@ -88,6 +96,10 @@ class TierPolicy:
         reader_threads: threads reading block files.
         whole_partials_only: a hit's last block or tail is reused only whole, never a prefix
             of it (models with recurrent state: their snapshot stands at a block's end).
+        defer_generated: with ``write_new_blocks``, a new block or tail that holds generated
+            tokens (past the sequence's prompt) is queued (low priority) when the engine idles
+            or at its first hit, not when registered; eviction and close write it back as any
+            other.
     """
 
     write_through_hits: int = 2
@@ -97,6 +109,7 @@ class TierPolicy:
     prefetch_blocks: int = 4
     reader_threads: int = 2
     whole_partials_only: bool = False
+    defer_generated: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +294,7 @@ class TieredCache:
         self.policy = policy or TierPolicy()
         self.cost = cost or RestoreCostModel(policy=self.policy)
         self._flushing = False
+        self._deferred: dict[int, KVBlock] = {}  # block_id -> block whose write waits (defer_generated)
         self._readers: ThreadPoolExecutor | None = None
         self._warned_dtype = False
         self.num_cold_lookups = 0
@@ -326,7 +340,7 @@ class TieredCache:
         self.pool.acquire(hit.all_blocks)
         out = TieredHit(parts=[(b.payload, bs) for b in hit.blocks], held=list(hit.blocks),
                         num_full_blocks=len(hit.blocks))
-        self._write_through_hits(hit.blocks)
+        self._write_through_hits(hit.blocks, hit.partial)
         pos = len(hit.blocks) * bs
         num_partial = hit.num_partial_tokens if hit.partial is not None else 0
         cold = self._restore(token_ids, limit, hit.parent_hash or self.namespace.key(), pos, num_partial, out,
@@ -506,6 +520,7 @@ class TieredCache:
         end: int,
         make_payload: Callable[[int, int], tuple[object, int]],
         held: list[KVBlock],
+        num_prompt_tokens: int | None = None,
     ) -> tuple[int, int]:
         """Register full blocks ``start .. end - 1`` of a sequence in the hot tier, in chain order.
 
@@ -520,6 +535,9 @@ class TieredCache:
             start, end: the block range; nothing happens when ``start >= end``.
             make_payload: ``(first token, end token) -> (payload, num_bytes)``.
             held: the caller's list of held blocks (extended in place).
+            num_prompt_tokens: the sequence's prompt length, when known: a block starting at or
+                after it holds generated tokens only and its write is deferred
+                (``defer_generated``).
 
         Returns:
             ``(num_chained, num_new)``: the index of the first block that could not be
@@ -543,9 +561,37 @@ class TieredCache:
                 return i, num_new
             held.append(block)
             num_new += 1
-            if self.policy.write_new_blocks:
-                self._write(block, high=False)
+            self._write_new(block, (i + 1) * bs, num_prompt_tokens)
         return max(start, end), num_new
+
+    def _write_new(self, block: KVBlock, end: int, num_prompt_tokens: int | None) -> None:
+        """Queue a newly registered block or tail ending at token ``end`` for disk now, or hold
+        it back when it holds generated tokens (``defer_generated``, see `write_deferred`)."""
+        if not self.policy.write_new_blocks or self.store is None:
+            return
+        if self.policy.defer_generated and num_prompt_tokens is not None and end > num_prompt_tokens:
+            self._deferred[block.block_id] = block
+            if len(self._deferred) > _MAX_DEFERRED:
+                # Under a load that never idles: forget blocks no longer registered (evicted,
+                # superseded tails), so the payloads they hold are freed.
+                self._deferred = {k: b for k, b in self._deferred.items() if self.pool.get(b.block_hash or b"") is b}
+            return
+        self._write(block, high=False)
+
+    def write_deferred(self) -> int:
+        """Queue (low priority) the blocks and tails whose write was held back
+        (``defer_generated``) and that are still registered; call it while the engine is idle.
+
+        Returns:
+            How many were still held back and queued now.
+        """
+        deferred, self._deferred = self._deferred, {}
+        n = 0
+        for block in deferred.values():
+            if block.block_hash is not None and self.pool.get(block.block_hash) is block:
+                self._write(block, high=False)
+                n += 1
+        return n
 
     def register_tail(
         self,
@@ -553,9 +599,11 @@ class TieredCache:
         num_tokens: int,
         parent_hash: bytes,
         make_payload: Callable[[int, int], tuple[object, int]],
+        num_prompt_tokens: int | None = None,
     ) -> bool:
         """Register the tail ``token_ids[num_full * block_size : num_tokens]`` under its last full
-        block ``parent_hash`` (cached) and queue it for disk; the pool holds no reference after.
+        block ``parent_hash`` (cached) and queue it for disk (deferred when it holds generated
+        tokens only, see `register_blocks`); the pool holds no reference after.
 
         Returns:
             False when it did not fit (or there is no tail), True otherwise.
@@ -570,8 +618,7 @@ class TieredCache:
         if block is None:
             return False
         try:
-            if self.policy.write_new_blocks:
-                self._write(block, high=False)
+            self._write_new(block, num_tokens, num_prompt_tokens)
         finally:
             self.pool.release([block])
         return True
@@ -584,6 +631,7 @@ class TieredCache:
         *,
         block_hashes: BlockHashes | None = None,
         num_registered: int = 0,
+        num_prompt_tokens: int | None = None,
     ) -> None:
         """Register a finished sequence's new full blocks and its tail in the hot tier.
 
@@ -599,6 +647,7 @@ class TieredCache:
                 owner never hashes a block twice); ``None``: hashed here.
             num_registered: leading full blocks the caller knows are cached and held (e.g.
                 registered as they were computed): skipped without a lookup.
+            num_prompt_tokens: the prompt's length, when known (see `register_blocks`).
         """
         total = min(len(token_ids), num_tokens)
         if block_hashes is None:
@@ -608,25 +657,36 @@ class TieredCache:
         held: list[KVBlock] = []
         try:
             chained, _ = self.register_blocks(token_ids, block_hashes.hashes, num_registered, num_full,
-                                              make_payload, held)
+                                              make_payload, held, num_prompt_tokens)
             if chained == num_full:
-                self.register_tail(token_ids, total, block_hashes.parent_of(num_full), make_payload)
+                self.register_tail(token_ids, total, block_hashes.parent_of(num_full), make_payload,
+                                   num_prompt_tokens)
         finally:
             self.pool.release(held)
 
-    def _write_through_hits(self, blocks: list[KVBlock]) -> None:
+    def _write_through_hits(self, blocks: list[KVBlock], partial: KVBlock | None = None) -> None:
+        """Queue hit full ``blocks`` for disk at high priority once hit ``write_through_hits``
+        times; and any hit block or ``partial`` (a tail) whose write was deferred
+        (``defer_generated``) at low priority (one on disk or queued already is skipped)."""
         n = self.policy.write_through_hits
-        if self.store is None or n <= 0:
+        first = self.policy.write_new_blocks and self.policy.defer_generated
+        if self.store is None or (n <= 0 and not first):
             return
         for block in blocks:
-            if block.num_hits >= n:
+            if 0 < n <= block.num_hits:
                 self._write(block, high=True)
+            elif first:
+                self._write(block, high=False)
+        if first and partial is not None:
+            self._write(partial, high=False)
 
     def _on_evict(self, block: KVBlock) -> None:
+        self._deferred.pop(block.block_id, None)  # (another namespace's block: never held back here)
         if block.namespace.key() == self.namespace.key():
             self._write(block, high=True, wait=self._flushing)
 
     def _write(self, block: KVBlock, *, high: bool, wait: bool = False) -> None:
+        self._deferred.pop(block.block_id, None)  # queued now (or on disk): no longer held back
         store = self.store
         h = block.block_hash
         if store is None or h is None or block.payload is None:
@@ -653,6 +713,7 @@ class TieredCache:
     def clear(self, *, cold: bool = False) -> None:
         """Drop the hot tier's blocks (and with ``cold``, the disk files of this namespace)."""
         self.pool.clear(self.namespace)
+        self._deferred.clear()
         if cold and self.store is not None:
             self.store.clear()
 
@@ -668,6 +729,7 @@ class TieredCache:
         if self.store is None:
             return True
         self._flushing = True
+        self._deferred.clear()  # the write-back below writes every registered block
         try:
             self.pool.clear(self.namespace, write_back=True)
         finally:

@@ -416,6 +416,7 @@ class Engine:
             num_draft_tokens=self.num_draft_tokens,
             max_tpot_slowdown=self.max_tpot_slowdown,
             pad_shapes=self.pad_shapes,
+            finished_caches=self.prefix_cache is not None,
         )
         return runner if self.pipeline is None else self.pipeline.wrap_runner(runner)
 
@@ -456,6 +457,7 @@ class Engine:
             self._handle_aborts()
             self._admit()
             if not self._by_uid and not self._ready:
+                self._write_deferred()
                 self._wake.wait(0.05)
                 self._wake.clear()
                 self._idle()
@@ -499,6 +501,16 @@ class Engine:
             sinks.append(sink)
         self._ready.clear()
         self._fail_with_waiting(sinks, gone)
+
+    def _write_deferred(self) -> None:
+        """Nothing runs: hand the SSD tier the writes the cache held back meanwhile (blocks and
+        tails of generated tokens, `TierPolicy.defer_generated`), off the requests' steps."""
+        write = getattr(self.prefix_cache, "write_deferred", None)
+        if write is not None:
+            try:
+                write()
+            except Exception:
+                logger.exception("could not queue the held-back KV blocks for the SSD tier")
 
     def _idle(self) -> None:
         """Engine thread, about every 50 ms while nothing runs or waits."""

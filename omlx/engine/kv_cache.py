@@ -81,6 +81,9 @@ class Lease:
             `cache_blocks` start after them.
         hot_full: a registration found the hot budget full; the lease registers no more blocks
             (a chain is useful only from its start).
+        num_prompt_tokens: the prompt's length (the tokens looked up); blocks past it hold
+            generated tokens only and their SSD write waits for a hit (`TierPolicy.defer_generated`).
+            None for a lease made without a lookup.
     """
 
     hit: TieredHit
@@ -93,6 +96,7 @@ class Lease:
     block_hashes: BlockHashes | None = None
     num_registered_blocks: int = 0
     hot_full: bool = False
+    num_prompt_tokens: int | None = None
 
 
 def weight_shas(path: Path) -> list[str]:
@@ -163,6 +167,9 @@ class MlxPayloadCodec:
         self.dtype = dtype
 
     def to_host(self, payload: object) -> HostBlock:
+        # Payloads are queued for evaluation, not waited for (`PrefixCacheTiers._payload_fn`):
+        # wait here, where the host reads them.
+        mx.eval(list(payload.values()))  # type: ignore[attr-defined]
         tensors: dict[str, tuple[str, np.ndarray]] = {}
         for name, a in payload.items():  # type: ignore[attr-defined]
             dtype = str(a.dtype).removeprefix("mlx.core.")
@@ -284,7 +291,7 @@ class PrefixCacheTiers:
                 self.tiers.release(hit)
                 raise
         return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole, block_hashes=hashes,
-                     num_registered_blocks=hit.num_full_blocks)
+                     num_registered_blocks=hit.num_full_blocks, num_prompt_tokens=len(token_ids))
 
     def _refill_window_parts(self, hit: TieredHit, usable: int) -> int:
         """Read back from the cold tier the window parts a hit's window reads that the hot tier
@@ -443,11 +450,12 @@ class PrefixCacheTiers:
                 return 0
             payload = self._payload_fn(caches, state_at)
             chained, num_new = self.tiers.register_blocks(token_ids, hashes.hashes, start, end, payload,
-                                                          lease.hit.held)
+                                                          lease.hit.held, lease.num_prompt_tokens)
             lease.num_registered_blocks = chained
             lease.hot_full = chained < end
             if tail and chained >= end:
-                self.tiers.register_tail(token_ids, num_tokens, hashes.parent_of(end), payload)
+                self.tiers.register_tail(token_ids, num_tokens, hashes.parent_of(end), payload,
+                                         lease.num_prompt_tokens)
             return num_new
 
     def store(self, lease: Lease, prompt_cache: list[Any], token_ids: list[int]) -> None:
@@ -475,7 +483,8 @@ class PrefixCacheTiers:
             hashes.extend(token_ids, num_tokens)
             payload = self._payload_fn(prompt_cache, seen)
             self.tiers.store_sequence(token_ids, num_tokens, payload, block_hashes=hashes,
-                                      num_registered=lease.num_registered_blocks)
+                                      num_registered=lease.num_registered_blocks,
+                                      num_prompt_tokens=lease.num_prompt_tokens)
 
     def _hashes_of(self, lease: Lease) -> BlockHashes:
         if lease.block_hashes is None:
@@ -484,14 +493,17 @@ class PrefixCacheTiers:
 
     def _payload_fn(self, caches: list[Any], state_at: int | None) -> Callable[[int, int], tuple[Payload, int]]:
         """``(a, b) -> (payload, num_bytes)``: tokens ``[a, b)`` of ``caches`` as one block
-        payload (`CacheSpec.payload_fn`), evaluated at once (before the next forward pass can
-        update the caches in place; per block: measured 2-3x faster on CPU than one eval of a
-        chunk's blocks together)."""
+        payload (`CacheSpec.payload_fn`), queued for evaluation at once (per block: measured 2-3x
+        faster on CPU than one eval of a chunk's blocks together), not waited for: the engine
+        thread syncs only where the SSD tier reads a payload (`MlxPayloadCodec.to_host`), so a
+        block whose write is deferred (generated tokens, a finished request's tail) costs no
+        stall of the step in flight. (Until the copy has run, the next update of the caches it
+        reads writes a fresh buffer instead of updating in place: a device copy, not a stall.)"""
         make = self.spec.payload_fn(caches, state_at)
 
         def payload(a: int, b: int) -> tuple[Payload, int]:
             p = make(a, b)
-            mx.eval(list(p.values()))
+            mx.async_eval(list(p.values()))
             if has_snapshot(p):
                 self.num_snapshots += 1
             return p, payload_bytes(p)
@@ -516,6 +528,12 @@ class PrefixCacheTiers:
         the batch) to the restore cost model, so restore-or-recompute follows the real rate."""
         with self._lock:
             self.tiers.cost.observe_prefill(num_tokens, seconds)
+
+    def write_deferred(self) -> int:
+        """Queue for the SSD tier the blocks and tails of generated tokens held back while
+        requests ran (`TieredCache.write_deferred`); the engine calls it when idle."""
+        with self._lock:
+            return self.tiers.write_deferred()
 
     def release(self, lease: Lease) -> None:
         with self._lock:

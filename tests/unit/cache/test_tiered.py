@@ -289,6 +289,43 @@ def test_without_a_store_the_cache_is_ram_only(tmp_path: Path):
     assert tiers.cold_stats() is None and tiers.close() and pool.on_evict is None
 
 
+def test_blocks_and_tails_holding_generated_tokens_are_written_when_idle_hit_or_closed(tmp_path: Path):
+    """A finished request with a 6-token prompt and 8 generated tokens: block 0 (prompt only)
+    goes to disk at once; block 1 (prompt and generated), block 2 and the tail wait for the
+    engine to idle (`write_deferred`), a hit (a next turn repeating the answer), or close."""
+    tiers = tiers_for(tmp_path, policy=TierPolicy(write_through_hits=0))
+    hit = tiers.acquire(SEQ[:6])
+    tiers.store_sequence(SEQ, len(SEQ), make_payload(SEQ), num_prompt_tokens=6)
+    tiers.release(hit)
+    assert tiers.flush(10)
+    h = hashes(SEQ)
+    assert [tiers.store.contains(x) for x in h] == [True, False, False]
+    assert not tiers.store.contains(tail_hash(SEQ))
+    # The next turn repeats prompt and answer: the blocks and the tail it hits are queued.
+    tiers.release(tiers.acquire(SEQ + [70, 71]))
+    assert tiers.flush(10)
+    assert all(tiers.store.contains(x) for x in h) and tiers.store.contains(tail_hash(SEQ))
+    assert tiers.write_deferred() == 0  # nothing left held back: the hit queued it all
+    # Another answer, never hit, is queued once the engine idles.
+    other = SEQ[:6] + [90 + i for i in range(8)]
+    tiers.store_sequence(other, len(other), make_payload(other), num_prompt_tokens=6)
+    assert tiers.flush(10) and not tiers.store.contains(hashes(other)[1])
+    assert tiers.write_deferred() == 3 and tiers.flush(10)
+    assert all(tiers.store.contains(x) for x in hashes(other)) and tiers.store.contains(tail_hash(other))
+    # A third reaches the disk at close (write-back of the hot tier).
+    third = SEQ[:6] + [50 + i for i in range(8)]
+    tiers.store_sequence(third, len(third), make_payload(third), num_prompt_tokens=6)
+    assert tiers.close(10)
+    assert all(tiers.store.contains(x) for x in hashes(third)) and tiers.store.contains(tail_hash(third))
+
+
+def test_without_deferral_every_new_block_and_tail_is_written_at_once(tmp_path: Path):
+    tiers = tiers_for(tmp_path, policy=TierPolicy(write_through_hits=0, defer_generated=False))
+    tiers.store_sequence(SEQ, len(SEQ), make_payload(SEQ), num_prompt_tokens=6)
+    assert tiers.flush(10)
+    assert all(tiers.store.contains(x) for x in hashes(SEQ)) and tiers.store.contains(tail_hash(SEQ))
+
+
 # ---- tails on disk ------------------------------------------------------------------------
 
 TAIL_POLICY = TierPolicy(write_new_blocks=False, write_through_hits=0)  # disk only at close
