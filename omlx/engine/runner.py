@@ -725,7 +725,8 @@ class BatchRunner:
             return None
         if not any(rows[i].y_known is not None or d.lookup.propose(rows[i].tokens, 1) for i, d in cand):
             return None
-        known = [s.y_known for s in rows]
+        # A dead row's feed is never read: 0 stands in, so live rows' known tokens spare a sync.
+        known = [0 if s is _DEAD else s.y_known for s in rows]
         ys: list[int] = known if None not in known else y_in.tolist()  # type: ignore[assignment]
         drafts: list[list[int]] = [[] for _ in rows]
         for i, d in cand:  # room: tokens still allowed after y
@@ -742,6 +743,8 @@ class BatchRunner:
         out: list[TokenResponse] = []
         done: list[int] = []
         for i, (s, y, d, a) in enumerate(zip(rows, ys, drafts, v.accepted)):
+            if s is _DEAD:
+                continue
             s.y_known = v.next_tokens[i]
             if d:
                 self._record(s, len(d), a)
@@ -753,9 +756,11 @@ class BatchRunner:
                 if e == 0 and d:
                     r.draft = (len(d), a, s.spec_off)
                 if reason is not None:
-                    r.prompt_cache, r.all_tokens = self._extract(i), list(s.tokens)
-                    for c in r.prompt_cache:  # the kept tokens past the finishing one
-                        c.trim(len(emitted) - e - 1)
+                    r.all_tokens = list(s.tokens)
+                    if self.finished_caches:
+                        r.prompt_cache = self._extract(i)
+                        for c in r.prompt_cache:  # the kept tokens past the finishing one
+                            c.trim(len(emitted) - e - 1)
                     done.append(i)
                     break
         if done:
@@ -835,8 +840,9 @@ class BatchRunner:
 
 #: The row of a sequence that finished in a merged batch (see `omlx.engine.compaction`): fed
 #: its own greedy token each step, its outputs never read, its caches filtered out later.
+#: It never speculates (``spec_off``): a verify step feeds it padding and emits nothing for it.
 _DEAD = _Seq(uid=-1, cache=[], tokens=[], pending=[], num_prompt=0, max_tokens=0, sampler=greedy_sampler,
-             processors=(), matcher=None)
+             processors=(), matcher=None, spec_off=True)
 
 
 def _merge(caches: list[list[Any]]) -> list[Any]:
