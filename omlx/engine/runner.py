@@ -482,7 +482,8 @@ class BatchRunner:
         gen_resps = self._emit(rows, y_in, lp_in)
         for r in gen_resps:
             if r.finish_reason is not None:  # its caches hold its last token too, as after a pipelined step
-                self.model(mx.array([[r.token]], dtype=mx.uint32), cache=r.prompt_cache)
+                # Queued whole, as that step's was: a pipeline stage's sends are in the logits' graph.
+                mx.async_eval(self.model(mx.array([[r.token]], dtype=mx.uint32), cache=r.prompt_cache))
         self._emitted = self._y is not None
         self._run_reports(reports)
         self._num_steps += 1
