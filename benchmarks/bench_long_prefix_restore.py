@@ -160,7 +160,10 @@ def main() -> int:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
         qi += 1
-        r.update(server_record(srv), phase=phase)
+        r.update(server_record(srv))
+        if phase != "cold":  # the first hit after a start comes from the SSD tier whatever the step (--reuse)
+            phase = "ssd" if 2 * (r["num_cached_tokens_cold"] or 0) > (r["num_cached_tokens"] or 0) else "ram"
+        r["phase"] = phase
         rows.append(r)
         rep.log(f"{phase}: TTFT {r['ttft_s']:.2f} s (server {r['ttft_ms']} ms), prompt {r['num_prompt_tokens']}, "
                 f"cached {r['num_cached_tokens']} (cold {r['num_cached_tokens_cold']}), {r['text']!r}")
