@@ -281,6 +281,7 @@ class BatchRunner:
         self._cache: list[Any] = []  # its caches: the one row's own, or merged (BatchKVCache...)
         self._merged = False  # self._cache holds batched caches (two or more rows)
         self._y: mx.array | None = None  # (B,) tokens to feed next, sampled, not yet read
+        self._emitted = False  # self._y was read and emitted already (`_emit_first`): feed it only
         self._lp: mx.array | None = None  # (B, V) their log-probabilities
         self._num_steps = 0
         self._reports: list[tuple[int, list[Any], int]] = []  # chunk hooks due after the next step
@@ -443,10 +444,18 @@ class BatchRunner:
             finished are removed (their response carries their caches).
         """
         reports, self._reports = self._reports, []
+        fed_only, self._emitted = self._emitted, False  # self._y went out last step: feed it only
         with mx.stream(self._stream):
-            self._join()
+            joins = bool(self._joining) and not fed_only
+            alone = joins and not self._rows and not self._prefill  # the joiners are all the work there is
+            if joins:
+                self._join()
             y_in, lp_in, rows = self._y, self._lp, list(self._rows)
-            gen_resps = self._spec_step(y_in, lp_in) if y_in is not None and self.num_draft_tokens else None
+            if alone and y_in is not None:
+                return self._emit_first(rows, y_in, lp_in, reports)
+            # A fed-only step feeds tokens `_emit_first` already emitted: never a verify step.
+            speculate = y_in is not None and self.num_draft_tokens and not fed_only
+            gen_resps = self._spec_step(y_in, lp_in) if speculate else None
             if gen_resps is None and y_in is not None:
                 for s in rows:
                     s.y_known = None  # a plain step feeds (and later reads) y_in itself
@@ -464,12 +473,38 @@ class BatchRunner:
             paced = self.pacer.allow(decoding=y_in is not None, waiting=bool(self._prefill), whole_prompt=whole)
             prompt_resps = self._prefill_chunk(step) if self._prefill and paced else []
             if gen_resps is None:
-                gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None else []
+                gen_resps = self._emit(rows, y_in, lp_in) if y_in is not None and not fed_only else []
             self._run_reports(reports)
         self._num_steps += 1
         if self._num_steps % _CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
         return prompt_resps, gen_resps
+
+    def _emit_first(self, rows: list[_Seq], y_in: mx.array, lp_in: mx.array,
+                    reports: list[tuple[int, list[Any], int]]) -> tuple[list[PromptResponse], list[TokenResponse]]:
+        """A step in which sequences joined an empty decode batch with no prompt left to
+        prefill: emit ``y_in`` (their first tokens) before queuing the decode step that feeds
+        it, which the next step queues without emitting again (``self._emitted``). With other
+        work in flight the pipelined order stays (its steps would lose their overlap).
+
+        On a CPU, ``mx.async_eval`` of a whole forward pass returns only once most of it has run
+        (MLX bounds the tasks in flight), so the pipelined order (queue, then read) put a full
+        decode step into every time to first token: over an 18.7k-token prefix hit on
+        Qwen2.5-Coder-0.5B that step took 2.0-3.2 s of an 7-9.6 s TTFT on the 2-core VM
+        (`benchmarks/bench_long_prefix_restore.py`). A row that finishes here is fed its last
+        token all the same, so the caches it returns hold every one of its tokens.
+        """
+        for s in rows:
+            s.y_known = None  # y_in is read here; a lone row's verify-step guess is stale now
+        gen_resps = self._emit(rows, y_in, lp_in)
+        for r in gen_resps:
+            if r.finish_reason is not None:  # its caches hold its last token too, as after a pipelined step
+                # Queued whole, as that step's was: a pipeline stage's sends are in the logits' graph.
+                mx.async_eval(self.model(mx.array([[r.token]], dtype=mx.uint32), cache=r.prompt_cache))
+        self._emitted = self._y is not None
+        self._run_reports(reports)
+        self._num_steps += 1
+        return [], gen_resps
 
     # ---- prefill -------------------------------------------------------------------------
 

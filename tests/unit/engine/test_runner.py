@@ -588,3 +588,26 @@ def test_a_model_that_returns_only_the_last_positions_logits_runs_unchanged(mode
     got = drive(runner, {0: [("a", p[0])], 2: [("b", p[1]), ("c", p[2])]}, max_tokens=8)
     for name, prompt in zip("abc", p):
         assert got[name] == reference(model, prompt, 8), name
+
+
+def test_a_lone_sequence_emits_its_first_token_before_its_first_decode_step_is_queued(model):
+    """Nothing else in flight: the step that reads a prompt's first token does not queue the
+    decode step feeding it first (on a CPU that step's ``async_eval`` blocks, so the pipelined
+    order put a whole decode step into the time to first token); the next step does, without
+    emitting that token again. Tokens stay exact, and a sequence that ends at its first token
+    still returns caches holding all its tokens."""
+    (p,) = prompts([40], seed=41)
+    ref = reference(model, p, 6)
+    runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, block_size=32)
+    (uid,) = runner.insert_segments([[p]], max_tokens=[6])
+    got: list[int] = []
+    while not got:
+        _, gen = runner.next()
+        got += [r.token for r in gen]
+    assert got == ref[:1]
+    assert {c.offset for c in runner.decode_caches(uid)} == {len(p)}  # the decode step feeding it is not queued yet
+    while len(runner):
+        got += [r.token for r in runner.next()[1]]
+    assert got == ref
+    one = drive(BatchRunner(model, stop_tokens=[], prefill_step_size=128, block_size=32), {0: [("a", p)]}, max_tokens=1)
+    assert one["a"] == ref[:1]  # drive checks the returned caches hold prompt + token
