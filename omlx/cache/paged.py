@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from omlx.cache.hashing import HASH_NUM_BYTES, Namespace, hash_block
 
-__all__ = ["BlockPool", "KVBlock", "PoolStats", "PrefixHit", "WindowParts"]
+__all__ = ["BlockPool", "KVBlock", "PoolStats", "HotHit", "WindowParts"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +103,9 @@ class KVBlock:
 
 
 @dataclass(slots=True)
-class PrefixHit:
-    """Result of :meth:`BlockPool.lookup`: the cached prefix of a token sequence.
+class HotHit:
+    """Result of :meth:`BlockPool.lookup`: the cached prefix of a token sequence in the hot tier
+    (the tiered cache extends it from the cold tier into a `omlx.cache.tiered.PrefixHit`).
 
     The request's cached KV is the concatenation, along the token axis, of every block in
     ``blocks`` followed by the first ``num_partial_tokens`` tokens of ``partial``.
@@ -366,7 +367,7 @@ class BlockPool:
         max_cached_tokens: int | None = None,
         block_hashes: Sequence[bytes] | None = None,
         whole_partial_only: bool = False,
-    ) -> PrefixHit:
+    ) -> HotHit:
         """Find the longest cached prefix of ``token_ids``.
 
         Walks full blocks by chained hash and stops at the first miss; then reuses the
@@ -399,7 +400,7 @@ class BlockPool:
             limit = min(limit, max_cached_tokens)
         bs = self._block_size
         parent = namespace.key()
-        hit = PrefixHit(blocks=[])
+        hit = HotHit(blocks=[])
         pos = 0
         known = block_hashes if block_hashes is not None else ()
         while pos + bs <= limit:

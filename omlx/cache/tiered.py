@@ -58,7 +58,7 @@ __all__ = [
     "RestoreDecision",
     "TierPolicy",
     "TieredCache",
-    "TieredHit",
+    "PrefixHit",
 ]
 
 logger = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ class RestoreCostModel:
 
 
 @dataclass(slots=True)
-class TieredHit:
+class PrefixHit:
     """The cached prefix of one request, from either tier.
 
     The request's cached KV is the concatenation, along the token axis, of the first
@@ -316,7 +316,7 @@ class TieredCache:
 
     def acquire(
         self, token_ids: Sequence[int], *, whole: bool = False, block_hashes: Sequence[bytes] | None = None
-    ) -> TieredHit:
+    ) -> PrefixHit:
         """Find and hold the longest cached prefix of ``token_ids`` (at most ``len - 1``).
 
         Hot blocks first; then the chain continues on disk and is restored into the hot tier
@@ -338,7 +338,7 @@ class TieredCache:
         hit = self.pool.lookup(token_ids, self.namespace, max_cached_tokens=limit, block_hashes=block_hashes,
                                whole_partial_only=self.policy.whole_partials_only)
         self.pool.acquire(hit.all_blocks)
-        out = TieredHit(parts=[(b.payload, bs) for b in hit.blocks], held=list(hit.blocks),
+        out = PrefixHit(parts=[(b.payload, bs) for b in hit.blocks], held=list(hit.blocks),
                         num_full_blocks=len(hit.blocks))
         self._write_through_hits(hit.blocks, hit.partial)
         pos = len(hit.blocks) * bs
@@ -355,7 +355,7 @@ class TieredCache:
         out.num_cached_tokens_cold = cold
         return out
 
-    def release(self, hit: TieredHit) -> None:
+    def release(self, hit: PrefixHit) -> None:
         """Drop the request's hold on its hot blocks (they stay cached)."""
         held, hit.held = hit.held, []
         self.pool.release(held)
@@ -390,7 +390,7 @@ class TieredCache:
         return plan
 
     def _restore(
-        self, token_ids: Sequence[int], limit: int, parent: bytes, pos: int, num_partial: int, out: TieredHit,
+        self, token_ids: Sequence[int], limit: int, parent: bytes, pos: int, num_partial: int, out: PrefixHit,
         known: Sequence[bytes] | None = None,
     ) -> int:
         """Restore the disk continuation into ``out``; returns the tokens restored (0: none)."""

@@ -43,9 +43,9 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
-from omlx.cache.tiered import TieredHit
+from omlx.cache.tiered import PrefixHit
 from omlx.cluster.group import ClusterGroup
-from omlx.engine.kv_cache import Lease, PrefixCacheTiers
+from omlx.engine.kv_cache import PrefixCacheTiers, PrefixLease
 from omlx.errors import ClusterUnavailableError, EngineError
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def _rank_stats(tiers: PrefixCacheTiers | None) -> dict[str, Any]:
 
 
 def _lookup(tiers: PrefixCacheTiers | None, group: ClusterGroup, lease_id: int, tokens: list[int],
-            whole: bool) -> tuple[Lease | None, list[dict[str, Any]]]:
+            whole: bool) -> tuple[PrefixLease | None, list[dict[str, Any]]]:
     """One rank's side of a lookup: look up, exchange counts, cut to the agreed count.
 
     Every rank calls it for the same message; a failing local lookup counts as 0 (the gather
@@ -145,14 +145,14 @@ class ClusterPrefixCache:
         self._control = control
         self._layer_ranges = layer_ranges
         self._next_id = 0
-        self._last: Lease | None = None
+        self._last: PrefixLease | None = None
         self.allow_whole = False  # set per request by ClusterPipeline.before_insert (greedy only)
         self._rank_stats: list[dict[str, Any]] = []
         self._rank_stats_at: float | None = None
 
     # ---- engine thread ----------------------------------------------------------------
 
-    def acquire(self, token_ids: list[int], *, whole: bool = False, materialize: bool = True) -> Lease:
+    def acquire(self, token_ids: list[int], *, whole: bool = False, materialize: bool = True) -> PrefixLease:
         """Look up on every rank and agree on the count (see the module docstring).
 
         Raises:
@@ -170,7 +170,7 @@ class ClusterPrefixCache:
             "prefix lookup", msg, lambda: _lookup(self.tiers, self.group, lease_id, tokens, whole))
         self._rank_stats_at = time.time()
         if lease is None:  # rank 0's own lookup failed (logged): a miss, released like any lease
-            lease = Lease(TieredHit(), 0, lease_id=lease_id)
+            lease = PrefixLease(PrefixHit(), 0, lease_id=lease_id)
         self._last = lease
         if materialize:
             self.tiers.materialize(lease)
@@ -191,7 +191,7 @@ class ClusterPrefixCache:
             raise EngineError("cluster prefix cache: an insert carries caches of no pending lease")
         return last.lease_id if last is not None else None
 
-    def materialize(self, lease: Lease) -> None:
+    def materialize(self, lease: PrefixLease) -> None:
         self.tiers.materialize(lease)
 
     def next_logprobs(self, token_ids: list[int]) -> Any | None:
@@ -203,7 +203,7 @@ class ClusterPrefixCache:
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         self.tiers.observe_prefill(num_tokens, seconds)
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: PrefixLease) -> None:
         """Release on every rank (locally even when the pipeline is lost)."""
         if lease.released:
             return
@@ -212,7 +212,7 @@ class ClusterPrefixCache:
             self._last = None
         self._broadcast("prefix release", {"op": "release", "lease": lease.lease_id})
 
-    def store(self, lease: Lease, prompt_cache: list[Any], token_ids: list[int]) -> None:
+    def store(self, lease: PrefixLease, prompt_cache: list[Any], token_ids: list[int]) -> None:
         """Store the finished sequence on every rank (each from its own replayed generator)."""
         self.tiers.store(lease, prompt_cache, token_ids)
         self._broadcast("prefix store", {"op": "store", "lease": lease.lease_id})
@@ -258,11 +258,11 @@ class FollowerPrefixCache:
     def __init__(self, tiers: PrefixCacheTiers | None, group: ClusterGroup):
         self.tiers = tiers
         self.group = group
-        self._leases: dict[int, tuple[Lease | None, list[int]]] = {}
+        self._leases: dict[int, tuple[PrefixLease | None, list[int]]] = {}
         self._uid_of: dict[int, int] = {}   # lease id -> uid
         self._lease_of: dict[int, int] = {}  # uid -> lease id
         self._finished: dict[int, tuple[list[Any], list[int]]] = {}  # uid -> (prompt cache, tokens)
-        self._to_store: dict[int, tuple[Lease, tuple[list[Any], list[int]]]] = {}
+        self._to_store: dict[int, tuple[PrefixLease, tuple[list[Any], list[int]]]] = {}
 
     def lookup(self, msg: dict[str, Any]) -> None:
         lease_id, tokens = int(msg["lease"]), [int(t) for t in msg["tokens"]]

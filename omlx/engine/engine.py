@@ -30,6 +30,7 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.cache.paged import common_prefix_len
 from omlx.engine.grammar import GrammarMatcher, Grammars
+from omlx.engine.kv_cache import PrefixLease
 from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.progress import PrefillRate, PrefillStatus, prefill_rate, warn_if_slow
 from omlx.engine.runner import BatchRunner, StepSizes, measured_step_sizes
@@ -58,14 +59,6 @@ Sink = Callable[[GenerationEvent], None]
 MAX_STEP_RETRIES = 2
 #: Shorter prefills are not fed to the restore cost model (fixed per-step costs dominate them).
 _MIN_OBSERVED_PREFILL = 64
-
-
-class PrefixLease(Protocol):
-    """What a prefix cache hands the engine for one request."""
-
-    num_cached_tokens: int
-    num_cached_tokens_cold: int
-    caches: list[Any] | None
 
 
 class PrefixCache(Protocol):

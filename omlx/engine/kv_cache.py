@@ -5,7 +5,7 @@
 longest cached prefix (restoring blocks from disk when cheaper than prefill) and turns its
 blocks into the model's mlx-lm caches; as prefill chunks (and decode) complete blocks,
 `cache_blocks` registers them at once, and when a request finishes `store` registers the rest
-and the tail. A request's block keys are computed once (`Lease.block_hashes`). `MlxPayloadCodec`
+and the tail. A request's block keys are computed once (`PrefixLease.block_hashes`). `MlxPayloadCodec`
 converts block payloads to numpy at this boundary, so nothing under ``omlx/cache`` sees mlx.
 
 A block's payload is a dict of mlx arrays (`omlx.engine.cache_spec`): for a plain model ONE
@@ -46,7 +46,7 @@ from omlx.cache.blockfile import DTYPES, PACKED_DTYPE, STATE_PREFIX, HostBlock
 from omlx.cache.hashing import BlockHashes, Namespace, make_kv_format, model_fingerprint, tokenizer_hash
 from omlx.cache.paged import TAIL_SLACK_TOKENS, BlockPool, WindowParts
 from omlx.cache.ssd import SSDStore, default_ssd_cache_bytes
-from omlx.cache.tiered import RestoreCostModel, TieredCache, TieredHit, TierPolicy
+from omlx.cache.tiered import PrefixHit, RestoreCostModel, TieredCache, TierPolicy
 from omlx.config import ServerConfig
 from omlx.engine.cache_spec import (ATTENTION, CacheSpec, Payload, has_snapshot, overlaps, payload_bytes, spec_of_model,
                                     window_reads)
@@ -63,8 +63,8 @@ _PREFILL_NOTE_MAX_AGE_S = 7 * 24 * 3600
 
 
 @dataclass(slots=True)
-class Lease:
-    """A request's hold on cached blocks (the engine's `PrefixLease`).
+class PrefixLease:
+    """A request's hold on cached blocks: its prefix hit, and the caches built from it.
 
     Attributes:
         hit: the blocks reused, from either tier (hot blocks held until release).
@@ -86,7 +86,7 @@ class Lease:
             None for a lease made without a lookup.
     """
 
-    hit: TieredHit
+    hit: PrefixHit
     num_cached_tokens: int
     num_cached_tokens_cold: int = 0
     caches: list[Any] | None = None
@@ -257,7 +257,7 @@ class PrefixCacheTiers:
     def block_size(self) -> int:
         return self.tiers.block_size
 
-    def acquire(self, token_ids: list[int], *, whole: bool = False, materialize: bool = True) -> Lease:
+    def acquire(self, token_ids: list[int], *, whole: bool = False, materialize: bool = True) -> PrefixLease:
         """Look up and hold the longest cached prefix of ``token_ids``, restoring blocks from disk
         when that is cheaper than prefilling them.
 
@@ -290,10 +290,10 @@ class PrefixCacheTiers:
             except Exception:
                 self.tiers.release(hit)
                 raise
-        return Lease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole, block_hashes=hashes,
+        return PrefixLease(hit, n, hit.num_cached_tokens_cold, caches, whole=is_whole, block_hashes=hashes,
                      num_registered_blocks=hit.num_full_blocks, num_prompt_tokens=len(token_ids))
 
-    def _refill_window_parts(self, hit: TieredHit, usable: int) -> int:
+    def _refill_window_parts(self, hit: PrefixHit, usable: int) -> int:
         """Read back from the cold tier the window parts a hit's window reads that the hot tier
         dropped, when that is cheaper than prefilling the tokens it would lose
         (`RestoreCostModel`); returns the hit's usable end after (`CacheSpec.hit_end`).
@@ -331,9 +331,9 @@ class PrefixCacheTiers:
             self.num_window_parts_refilled += 1
         return self.spec.hit_end(hit.parts)  # type: ignore[arg-type]
 
-    def truncate(self, lease: Lease, num_tokens: int) -> None:
+    def truncate(self, lease: PrefixLease, num_tokens: int) -> None:
         """Cut an unmaterialized lease to its first ``num_tokens`` tokens (exact; see
-        `TieredHit.truncate`). A whole-prompt hit cut short no longer counts as one.
+        `PrefixHit.truncate`). A whole-prompt hit cut short no longer counts as one.
 
         Raises:
             ValueError: the lease is already materialized, or ``num_tokens`` is out of range.
@@ -355,7 +355,7 @@ class PrefixCacheTiers:
                     logger.warning("a prefix hit cut to %d tokens reads window parts that are gone; "
                                    "materializing it will fail", num_tokens)
 
-    def materialize(self, lease: Lease) -> None:
+    def materialize(self, lease: PrefixLease) -> None:
         """Fill ``lease.caches`` from its held blocks (after ``acquire(..., materialize=False)``)."""
         with self._lock:
             if lease.caches is None and lease.num_cached_tokens:
@@ -408,7 +408,7 @@ class PrefixCacheTiers:
         the last block's snapshot."""
         return self.spec.materialize(parts)  # type: ignore[arg-type]
 
-    def cache_blocks(self, lease: Lease, caches: list[Any], token_ids: list[int], num_tokens: int, *,
+    def cache_blocks(self, lease: PrefixLease, caches: list[Any], token_ids: list[int], num_tokens: int, *,
                      state_at: int | None = None, prompt_end: bool = False) -> int:
         """Register the request's full blocks among its first ``num_tokens`` tokens as soon as their
         KV is computed (after each prefill chunk, or when decode fills a block).
@@ -458,7 +458,7 @@ class PrefixCacheTiers:
                                          lease.num_prompt_tokens)
             return num_new
 
-    def store(self, lease: Lease, prompt_cache: list[Any], token_ids: list[int]) -> None:
+    def store(self, lease: PrefixLease, prompt_cache: list[Any], token_ids: list[int]) -> None:
         """Register the request's new full blocks and its tail (prompt + generated tokens).
 
         Blocks already cached (by `cache_blocks`, or by anyone) are not copied again and the
@@ -486,7 +486,7 @@ class PrefixCacheTiers:
                                       num_registered=lease.num_registered_blocks,
                                       num_prompt_tokens=lease.num_prompt_tokens)
 
-    def _hashes_of(self, lease: Lease) -> BlockHashes:
+    def _hashes_of(self, lease: PrefixLease) -> BlockHashes:
         if lease.block_hashes is None:
             lease.block_hashes = BlockHashes(self.namespace.key(), self.block_size)
         return lease.block_hashes
@@ -535,7 +535,7 @@ class PrefixCacheTiers:
         with self._lock:
             return self.tiers.write_deferred()
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: PrefixLease) -> None:
         with self._lock:
             if not lease.released:
                 lease.released = True
@@ -734,5 +734,5 @@ def _kv_dtype(loaded: LoadedModel) -> str:
     return "float32"
 
 
-__all__ = ["Lease", "MlxPayloadCodec", "PrefixCacheTiers", "make_prefix_cache", "measure_prefill_rate", "model_namespace",
+__all__ = ["MlxPayloadCodec", "PrefixCacheTiers", "PrefixLease", "make_prefix_cache", "measure_prefill_rate", "model_namespace",
            "window_parts"]

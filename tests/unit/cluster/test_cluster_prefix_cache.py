@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from omlx.cache.hashing import Namespace, make_kv_format
 from omlx.cache.paged import BlockPool
-from omlx.cache.tiered import TieredCache, TieredHit
+from omlx.cache.tiered import TieredCache, PrefixHit
 from omlx.cluster.prefix_cache import agree_num_cached
 from omlx.engine.cache_spec import CacheSpec
 from omlx.engine.kv_cache import MlxPayloadCodec, PrefixCacheTiers
@@ -47,7 +47,7 @@ def test_agreement_never_exceeds_any_rank_and_always_leaves_a_token_unless_whole
 
 
 def test_truncating_a_hit_keeps_leading_parts_and_counts_cold_tokens_off_first():
-    hit = TieredHit(parts=[("a", 4), ("b", 4), ("c", 3)], num_cached_tokens=11, num_cached_tokens_cold=7)
+    hit = PrefixHit(parts=[("a", 4), ("b", 4), ("c", 3)], num_cached_tokens=11, num_cached_tokens_cold=7)
     hit.truncate(6)
     assert hit.parts == [("a", 4), ("b", 2)] and hit.num_cached_tokens == 6 and hit.num_cached_tokens_cold == 2
     hit.truncate(0)
