@@ -12,7 +12,6 @@ import ipaddress
 import logging
 import os
 import socket
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 

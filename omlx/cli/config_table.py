@@ -5,20 +5,20 @@ variable come from `omlx.config.setting_keys`, its ``omlx serve`` flag from `ser
 ``python -m omlx.cli.config_table --write README.md`` rewrites the tables between the markers;
 ``tests/unit/test_config_docs.py`` fails when the README holds anything else there.
 
-Must not: be imported by the server (it imports `omlx serve`'s options); `omlx serve` imports it
-when it starts, to name its flags in config errors.
+Must not: be imported by the server or by `omlx serve` (it reads `omlx serve`'s options through
+`omlx.cli.serve.serve_flag_specs`; imports go one way).
 """
 
 from __future__ import annotations
 
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 from pydantic.fields import FieldInfo
 
 from omlx.config import CONFIG_FILE_ENV, PROFILE_KEYS, ModelSettings, setting_keys
+from omlx.cli.serve import serve_flag_specs
 from omlx.config_values import bounds_of
 
 BEGIN = "<!-- config tables: generated from omlx/config.py by `python -m omlx.cli.config_table --write README.md` -->"
@@ -27,36 +27,10 @@ END = "<!-- end of the generated config tables -->"
 _OTHER_FLAGS = {"cluster.secret": "`--cluster-secret`"}
 
 
-def _serve_flags() -> dict[str, tuple[str, bool]]:
-    """Config key (dotted, as in `load_config`'s flags) -> (the ``omlx serve`` option that sets
-    it, whether it repeats)."""
-    from omlx.cli.serve import serve_flags
-    from omlx.cli.service import _option_decl, _serve_options
-
-    out = {}
-    for param in _serve_options():
-        if param.default is False:
-            sample: Any = True
-        elif "list" in str(typing.get_args(param.annotation)[:1]):
-            sample = ["a=b"]
-        else:
-            sample = "1"
-        for key, value in serve_flags({param.name: sample}).items():
-            if value is not None:
-                out[key] = (_option_decl(param), isinstance(sample, list))
-    return out
-
-
-def serve_flag_names() -> dict[str, str]:
-    """Config key -> the ``omlx serve`` option that sets it (``--memory-ceiling``); `omlx serve`
-    and `omlx start` name flags in config errors by it."""
-    return {key: flag for key, (flag, _) in _serve_flags().items()}
-
-
 def serve_flag_of() -> dict[str, str]:
     """Config key -> the ``omlx serve`` option that sets it, as the table shows it."""
     out = dict(_OTHER_FLAGS)
-    for key, (flag, repeats) in _serve_flags().items():
+    for key, (flag, repeats) in serve_flag_specs().items():
         out[key] = f"`{flag}`" + (" (repeatable)" if repeats else "")
     return out
 

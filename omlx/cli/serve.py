@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
+import typing
 from typing import Annotated, Any, Mapping, Optional
 
 import typer
@@ -45,8 +47,6 @@ def serve(
     cluster_secret: Annotated[Optional[str], typer.Option(help="Shared cluster secret (or OMLX_CLUSTER_SECRET, [cluster] secret).")] = None,
     peer: Annotated[Optional[list[str]], typer.Option("--peer", help="Static cluster peer host:port; repeat for several.")] = None,
 ) -> None:
-    from omlx.cli.config_table import serve_flag_names
-
     flags = serve_flags(locals())
     cfg = config_from(flags, config, serve_flag_names())
     reexec_with_blas(cfg.preload_blas, ["-m", "omlx", *sys.argv[1:]])
@@ -148,3 +148,44 @@ def parse_aliases(values: list[str]) -> dict[str, str]:
     except ValueError as e:
         typer.echo(f"omlx: --alias: {e}", err=True)
         raise typer.Exit(2) from e
+
+
+# ---- serve's own options, read from its signature (omlx start and the config tables use them) ----
+
+
+def serve_options() -> list[inspect.Parameter]:
+    """`serve`'s parameters with their annotations resolved (Typer reads them from a signature)."""
+    hints = typing.get_type_hints(serve, include_extras=True)
+    return [p.replace(annotation=hints[p.name]) for p in inspect.signature(serve).parameters.values()]
+
+
+def option_decl(param: inspect.Parameter) -> str:
+    """The long flag of a serve parameter (``--model`` for ``model``, ``--no-cache`` ...)."""
+    for meta in getattr(param.annotation, "__metadata__", ()):
+        decls = [d for d in (getattr(meta, "param_decls", None) or ()) if d.startswith("--")]
+        if decls:
+            return decls[0]
+    return "--" + param.name.replace("_", "-")
+
+
+def serve_flag_specs() -> dict[str, tuple[str, bool]]:
+    """Config key (dotted, as in `load_config`'s flags) -> (the ``omlx serve`` option that sets
+    it, whether it repeats)."""
+    out = {}
+    for param in serve_options():
+        if param.default is False:
+            sample: Any = True
+        elif "list" in str(typing.get_args(param.annotation)[:1]):
+            sample = ["a=b"]
+        else:
+            sample = "1"
+        for key, value in serve_flags({param.name: sample}).items():
+            if value is not None:
+                out[key] = (option_decl(param), isinstance(sample, list))
+    return out
+
+
+def serve_flag_names() -> dict[str, str]:
+    """Config key -> the ``omlx serve`` option that sets it (``--memory-ceiling``); `omlx serve`
+    and `omlx start` name flags in config errors by it."""
+    return {key: flag for key, (flag, _) in serve_flag_specs().items()}

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 import typer
 
 from omlx.cli.common import config_from
-from omlx.cli.serve import serve, serve_flags
+from omlx.cli.serve import option_decl, serve_flag_names, serve_flags, serve_options
 from omlx.cli.service_backends import (
     Backend,
     LaunchdBackend,
@@ -88,30 +88,15 @@ def _clean_errors(say: _Say) -> Iterator[None]:
 # ---- the settings a service runs with ---------------------------------------------------------
 
 
-def _serve_options() -> list[inspect.Parameter]:
-    """`serve`'s parameters with their annotations resolved (Typer reads them from a signature)."""
-    hints = typing.get_type_hints(serve, include_extras=True)
-    return [p.replace(annotation=hints[p.name]) for p in inspect.signature(serve).parameters.values()]
-
-
-def _option_decl(param: inspect.Parameter) -> str:
-    """The long flag of a serve parameter (``--model`` for ``model``, ``--no-cache`` ...)."""
-    for meta in getattr(param.annotation, "__metadata__", ()):
-        decls = [d for d in (getattr(meta, "param_decls", None) or ()) if d.startswith("--")]
-        if decls:
-            return decls[0]
-    return "--" + param.name.replace("_", "-")
-
-
 def serve_argv(options: dict[str, Any]) -> list[str]:
     """serve options by parameter name -> the ``omlx serve`` arguments that give them (lists
     repeat the flag, True booleans are bare flags, None and False are left out)."""
     argv: list[str] = []
-    for param in _serve_options():
+    for param in serve_options():
         value = options.get(param.name)
         if value is None or value is False:
             continue
-        flag = _option_decl(param)
+        flag = option_decl(param)
         if value is True:
             argv.append(flag)
         elif isinstance(value, (list, tuple)):
@@ -445,7 +430,6 @@ def _key(spec: ServiceSpec | None, cfg: ServerConfig) -> str | None:
 
 def _start(backend: str, wait_s: float, **options: Any) -> None:
     say = _Say("omlx start")
-    from omlx.cli.config_table import serve_flag_names
 
     cfg = config_from(serve_flags(options), options.get("config"), serve_flag_names())
     with _clean_errors(say):
@@ -460,7 +444,7 @@ def _with_serve_options(func: Callable[..., None]) -> Callable[..., None]:
     hints = typing.get_type_hints(func, include_extras=True)
     own = [p.replace(annotation=hints[p.name]) for p in inspect.signature(func).parameters.values()
            if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    params = [*own, *_serve_options()]
+    params = [*own, *serve_options()]
 
     def command(**kwargs: Any) -> None:
         func(**kwargs)

@@ -406,7 +406,7 @@ class BatchRunner:
         copy) and ``extract`` copies of its row of window (``BatchRotatingKVCache``, no sink
         tokens) and state (``ArraysCache``) layers. None when it is not decoding or a layer is
         of another class. The caches may already hold the step in flight (one token more)."""
-        from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, KVCache
+        from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache
 
         from omlx.engine.quant_cache import BatchQuantKVCache
 

@@ -16,7 +16,7 @@ the template (MiniMax-M2's chat_template.jinja) writes it between the tags with 
 from __future__ import annotations
 
 from omlx.tool_parsers._xml import XmlGrammar, scan_block
-from omlx.tool_parsers.base import Dialect, ScanResult
+from omlx.tool_parsers.base import Dialect, ScanContext, ScanResult
 
 GRAMMAR = XmlGrammar(
     block_open="<minimax:tool_call>",

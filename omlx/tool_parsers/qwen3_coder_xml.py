@@ -18,7 +18,7 @@ only after ``</function>``, and values stay strings until the shared schema coer
 from __future__ import annotations
 
 from omlx.tool_parsers._xml import XmlGrammar, scan_block
-from omlx.tool_parsers.base import Dialect, ScanResult
+from omlx.tool_parsers.base import Dialect, ScanContext, ScanResult
 
 GRAMMAR = XmlGrammar(
     block_open="<tool_call>",

@@ -5,7 +5,6 @@ when the server enables it; `requested_model` never raises."""
 from __future__ import annotations
 
 import asyncio
-import json
 from types import SimpleNamespace
 
 import pytest

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.engine.archs import VOCAB, WINDOW, tiny
+from tests.unit.engine.archs import WINDOW, tiny
 from tests.unit.engine.test_cache_kinds import BS, rand_prompts
 from tests.unit.engine.test_runner import _run_all, _tokens, _usage, reference
 
