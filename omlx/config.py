@@ -759,7 +759,12 @@ def _message(err: Mapping[str, Any], sources: _Sources) -> str:
     key, origin, value = sources.origin(loc)
     if err["type"] == "extra_forbidden":
         *table, name = loc
-        hint = did_you_mean(str(name), _keys_in(tuple(table)))
+        known = _keys_in(tuple(table))
+        if not table and isinstance(err.get("input"), Mapping):
+            # a table (`[cahce]`, `cahce.block_size = 1`): matched on the names a top-level
+            # table can have (cache, cluster, models, ...), not on the dotted keys under them
+            known = list(dict.fromkeys(k.split(".")[0] for k in known))
+        hint = did_you_mean(str(name), known)
         if table[:1] == ["model_settings"]:
             return f"unknown setting {name!r} in [{_toml_key(tuple(table))}]{hint}, from {origin}"
         return f"unknown {table[0] + ' ' if table else ''}setting {name!r}{hint}, from {origin}"

@@ -278,6 +278,12 @@ def test_a_missing_or_unreadable_config_file_is_a_config_error(tmp_path: Path):
     ('[models."m".profiles.p]\ndefault_temprature = 0.1\n',
      "unknown setting 'default_temprature' in [models.\"m\".profiles.p] (did you mean default_temperature?)"),
     ("zzz = 1\n", "unknown setting 'zzz', from config file"),  # nothing close: no guess
+    # a misspelled table is matched on the table names, not on the dotted keys under them
+    ("[cahce]\nblock_size = 64\n", "unknown setting 'cahce' (did you mean cache?), from config file"),
+    ("[clustr]\nheadroom = '1GB'\n", "unknown setting 'clustr' (did you mean cluster?), from config file"),
+    ("cahce.block_size = 64\n", "unknown setting 'cahce' (did you mean cache?), from config file"),
+    ("[alias]\nx = 'y'\n", "unknown setting 'alias' (did you mean aliases?), from config file"),
+    ('[modls."m"]\npin = true\n', "unknown setting 'modls' (did you mean models?), from config file"),
 ])
 def test_an_unknown_file_key_names_the_closest_known_key(tmp_path: Path, text: str, want: str):
     f = tmp_path / "c.toml"
