@@ -131,7 +131,17 @@ def load_chat_model(model_id: str, path: Path, settings: ModelSettings, config: 
                     make_cache=spec.make_cache if spec and spec.kv_quantization else None)
     if config.prefill_step_size:
         logger.info("%s: prefill chunk %d tokens (configured, not measured)", model_id, config.prefill_step_size)
+    blocker = None
     if config.lookup_draft_tokens:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        from omlx.engine.runner import drafting_blocker
+
+        blocker = drafting_blocker(spec.make_cache() if spec and spec.kv_quantization else make_prompt_cache(loaded.model))
+    if blocker:
+        logger.warning("%s: prompt-lookup drafting (--lookup-draft-tokens) never runs for this model: %s",
+                       model_id, blocker)
+    elif config.lookup_draft_tokens:
         logger.info("%s: prompt-lookup drafting on (experimental): up to %d tokens per verify step for each "
                     "request without penalties or structured output", model_id, config.lookup_draft_tokens)
         if mx.default_device() == mx.cpu:

@@ -85,6 +85,16 @@ ChunkHook = Callable[[int, list[Any], int], None]
 _CLEAR_CACHE_EVERY = 256
 
 
+def drafting_blocker(caches: Sequence[Any]) -> str | None:
+    """Why a model whose fresh caches are ``caches`` never speculates, or None when it can: a
+    verify step drops rejected KV only from plain ``KVCache`` layers (merged: their
+    `RaggedBatchKVCache`), so a sliding-window, recurrent or quantized layer keeps every
+    sequence of that model on plain decode steps (`BatchRunner._trims_rows`)."""
+    kinds = sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
+    return f"its cache has {', '.join(kinds)} layers (only plain KVCache layers can drop a rejected draft)" \
+        if kinds else None
+
+
 def padded_length(n: int, quantum: int = KVCache.step) -> int:
     """The query length a chunk of ``n`` tokens is padded to with ``pad_shapes``: the next
     power of two (at least 16) up to ``quantum``, else the next multiple of ``quantum``

@@ -125,3 +125,18 @@ def test_the_engine_with_drafting_on_gives_generate_step_tokens_and_caches_decod
         assert _usage(second).num_draft_tokens == eng._gen.num_drafted_tokens - u.num_draft_tokens
     finally:
         eng.stop()
+
+
+def test_a_model_whose_cache_cannot_drop_a_draft_is_named_at_load():
+    """`drafting_blocker` says why a model never speculates (the runner's `_trims_rows` rule:
+    plain KVCache layers only), so the load log does not announce drafting "on" for it."""
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+
+    from omlx.engine.runner import drafting_blocker
+    from tests.unit.engine.archs import tiny
+    from tests.unit.engine.conftest import tiny_llama
+
+    assert drafting_blocker(make_prompt_cache(tiny_llama(vocab_size=512))) is None
+    assert "RotatingKVCache" in drafting_blocker(make_prompt_cache(tiny("gemma3_text")))
+    assert "ArraysCache" in drafting_blocker(make_prompt_cache(tiny("qwen3_next")))
+    assert "QuantizedKVCache" in drafting_blocker([KVCache(), QuantizedKVCache(64, 4)])
