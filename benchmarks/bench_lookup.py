@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import ensure_model_dir  # noqa: E402
 from omlx.engine.runner import BatchRunner  # noqa: E402
+from omlx.kernels.status import gpu_backend  # noqa: E402
 
 
 def edit_prompt(tokenizer, old: str = "draft", new: str = "guess") -> list[int]:
@@ -54,13 +55,17 @@ def chat_prompt(tokenizer) -> list[int]:
 SCENARIOS = {"edit": edit_prompt, "chat": chat_prompt}
 
 
+#: As the engine sets it (`omlx.engine.factory`): repeating attention shapes on CUDA.
+PAD_SHAPES = gpu_backend() == "cuda"
+
+
 def run(model, prompts: list[list[int]], eos: list[int], draft: int,
         max_tokens: int) -> tuple[list[list[int]], float, BatchRunner]:
     """Decode ``prompts`` together (inserted at once); returns each one's tokens, the decode
     tokens/s of all of them together (from the first token to the last, first tokens excluded),
     and the runner (its draft counters)."""
     runner = BatchRunner(model, stop_tokens=[(t,) for t in eos], prefill_step_size=2048, block_size=256,
-                         num_draft_tokens=draft)
+                         num_draft_tokens=draft, pad_shapes=PAD_SHAPES)
     uids = runner.insert_segments([[p] for p in prompts], max_tokens=[max_tokens] * len(prompts))
     toks: dict[int, list[int]] = {u: [] for u in uids}
     t_first = None
@@ -87,10 +92,20 @@ def measure(model, tok, prompts: list[list[int]], draft: int, max_tokens: int, r
     off = [r for r in rows if r["draft"] == 0]
     on = [r for r in rows if r["draft"] == draft]
     return {"prompt_tokens": [len(p) for p in prompts], "tokens_equal": all(r["ids"] == off[0]["ids"] for r in rows),
+            "first_difference": [first_difference(r["ids"], off[0]["ids"]) for r in rows],
             "speedup": round(sum(r["decode_tok_s"] for r in on) / sum(r["decode_tok_s"] for r in off), 2),
             "acceptance": round(on[0]["accepted"] / max(1, on[0]["drafted"]), 3),
             "tokens_per_verify_step": round(on[0]["accepted"] / max(1, on[0]["verify_steps"]) + 1, 2),
             "runs": [{k: v for k, v in r.items() if k != "ids"} for r in rows]}
+
+
+def first_difference(ids: list[list[int]], ref: list[list[int]]) -> list[int | None]:
+    """Per sequence, the index of the first token where ``ids`` differs from ``ref`` (None: equal)."""
+    out: list[int | None] = []
+    for a, b in zip(ids, ref):
+        i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        out.append(i if i is not None or len(a) == len(b) else min(len(a), len(b)))
+    return out
 
 
 def scenario_prompts(name: str, tok) -> list[list[int]]:
@@ -109,12 +124,19 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--pad-shapes", choices=["auto", "on", "off"], default="auto",
+                    help="repeating verify shapes (auto: on for CUDA, as the engine does)")
     a = ap.parse_args()
+    global PAD_SHAPES
+    if a.pad_shapes != "auto":
+        PAD_SHAPES = a.pad_shapes == "on"
     path = str(ensure_model_dir(Path(a.model) if a.model else None))
     model, tok = load(path)
     names = [*SCENARIOS, "batch"] if a.scenario == "all" else [a.scenario]
-    run(model, scenario_prompts(names[0], tok), tok.eos_token_ids, 0, 8)  # warm-up
-    summary = {"model": path, "device": str(mx.default_device()), "machine": platform.machine(),
+    for n in names:  # warm-up of both paths: a device may compile kernels for each new shape
+        for k in (0, a.draft):
+            run(model, scenario_prompts(n, tok), list(tok.eos_token_ids), k, 48)
+    summary = {"model": path, "device": str(mx.default_device()), "machine": platform.machine(), "pad_shapes": PAD_SHAPES,
                "mlx": mx.__version__, "draft": a.draft, "max_tokens": a.max_tokens,
                "scenarios": {n: measure(model, tok, scenario_prompts(n, tok), a.draft, a.max_tokens, a.reps) for n in names},
                "date": time.strftime("%Y-%m-%d %H:%M")}

@@ -37,6 +37,15 @@ left_padding == _idx`` per row, ``filter`` cutting common left padding, ``extend
 right-justifying at ``_idx``); tests/unit/engine/test_spec_batch.py checks every method against
 each row's own ``KVCache``, so an upstream change shows there.
 
+**Repeating attention shapes** (``bucket``, set by the runner for a verify step on CUDA): MLX's
+CUDA attention builds a cuDNN graph for every new (query length, key length) pair of a
+multi-token forward, ~45-50 ms each on an H100 (`benchmarks/diag_verify_cost.py`: a width-2..7
+verify forward of SmolLM2-135M 8-bit took 46-54 ms the first time, 3.9-5 ms once cached), and a
+verify step's key length moves with every step. With ``bucket`` = B, the keys returned (and the
+mask) span ``_idx`` rounded up to a multiple of B; the positions past each row's end are
+masked, so the attention's values are the same while only one key length per B tokens of context
+reaches the device. `BucketedKV` does the same for a lone row's plain ``KVCache``.
+
 Must not: know about requests, drafts or sampling; the runner decides what each row keeps.
 """
 
@@ -48,6 +57,10 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
 
 
+def _round_up(n: int, quantum: int) -> int:
+    return -(-n // quantum) * quantum
+
+
 class RaggedBatchKVCache(BatchKVCache):
     """mlx-lm's ``BatchKVCache`` whose rows may end before the shared write index ``_idx``.
 
@@ -55,11 +68,14 @@ class RaggedBatchKVCache(BatchKVCache):
     ``offset``/``left_padding`` ``(B,)`` int32 and ``_idx``):
         slack: per row (host ints), positions between the row's end and ``_idx``; the row's
             tokens are ``[left_padding[i], _idx - slack[i])``. All zero: the parent's layout.
+        bucket: 0, or the multiple the key length of the next forward is rounded up to
+            (module docstring); the runner sets it around a verify step only.
     """
 
     def __init__(self, left_padding: list[int]):
         super().__init__(left_padding)
         self.slack = [0] * len(left_padding)
+        self.bucket = 0
 
     @classmethod
     def adopt(cls, c: BatchKVCache) -> RaggedBatchKVCache:
@@ -67,6 +83,7 @@ class RaggedBatchKVCache(BatchKVCache):
         r = cls.__new__(cls)
         r.__dict__.update(c.__dict__)
         r.slack = list(getattr(c, "slack", None) or [0] * c.offset.shape[0])
+        r.bucket = getattr(c, "bucket", 0)
         return r
 
     # ---- the forward pass ----------------------------------------------------------------
@@ -77,33 +94,45 @@ class RaggedBatchKVCache(BatchKVCache):
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write ``(B, H, N, D)`` keys/values at each row's end; every position up to the new
-        ``_idx`` is returned (rows' dropped positions included: the mask hides them)."""
-        if not any(self.slack):
+        ``_idx`` is returned (rows' dropped positions included: the mask hides them), or up to
+        ``_idx`` rounded up to ``bucket`` when that is set (the positions past it masked too)."""
+        if not any(self.slack) and not self.bucket:
             return super().update_and_fetch(keys, values)
         prev, n = self._idx, keys.shape[2]
-        if prev + n > self.keys.shape[2]:  # grow as the parent does (a multiple of ``step``)
+        need = _round_up(prev + n, self.bucket) if self.bucket else prev + n
+        if self.keys is None or need > self.keys.shape[2]:  # grow as the parent does (multiples of ``step``)
             B, H, _, dk = keys.shape
-            size = (self.step + n - 1) // self.step * self.step
-            self.keys = mx.concatenate([self.keys[..., :prev, :], mx.zeros((B, H, size, dk), keys.dtype)], axis=2)
-            self.values = mx.concatenate(
-                [self.values[..., :prev, :], mx.zeros((B, H, size, values.shape[3]), values.dtype)], axis=2)
-        ends = mx.array([prev - s for s in self.slack])
-        idx = (ends[:, None] + mx.arange(n)[None])[:, None, :, None]  # (B, 1, N, 1)
-        self.keys = mx.put_along_axis(self.keys, idx, keys, axis=2)
-        self.values = mx.put_along_axis(self.values, idx, values, axis=2)
+            size = _round_up(need - prev, self.step)
+            kept_k = [self.keys[..., :prev, :]] if self.keys is not None else []
+            kept_v = [self.values[..., :prev, :]] if self.values is not None else []
+            self.keys = mx.concatenate([*kept_k, mx.zeros((B, H, size, dk), keys.dtype)], axis=2)
+            self.values = mx.concatenate([*kept_v, mx.zeros((B, H, size, values.shape[3]), values.dtype)], axis=2)
+        if any(self.slack):
+            ends = mx.array([prev - s for s in self.slack])
+            idx = (ends[:, None] + mx.arange(n)[None])[:, None, :, None]  # (B, 1, N, 1)
+            self.keys = mx.put_along_axis(self.keys, idx, keys, axis=2)
+            self.values = mx.put_along_axis(self.values, idx, values, axis=2)
+        else:
+            self.keys[..., prev : prev + n, :] = keys
+            self.values[..., prev : prev + n, :] = values
         self.offset = self.offset + n
         self._idx += n
+        if self.bucket:
+            end = _round_up(self._idx, self.bucket)
+            return self.keys[..., :end, :], self.values[..., :end, :]
         return self.keys_and_values()
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None,
                   **kwargs: Any) -> mx.array:
-        """``(B, 1, N, _idx + N)`` bool: query ``j`` of row ``i`` sees ``[left_padding_i,
-        end_i + j]`` (and only the last ``window_size`` of those, when given). With no slack,
-        the parent's mask (the same values)."""
-        if not any(self.slack):
+        """``(B, 1, N, _idx + N)`` bool (``_idx + N`` rounded up to ``bucket`` when set): query
+        ``j`` of row ``i`` sees ``[left_padding_i, end_i + j]`` (and only the last
+        ``window_size`` of those, when given). With no slack and no bucket, the parent's mask
+        (the same values)."""
+        if not any(self.slack) and not self.bucket:
             return super().make_mask(N, return_array=return_array, window_size=window_size, **kwargs)
+        width = _round_up(self._idx + N, self.bucket) if self.bucket else self._idx + N
         pos = self._ends()[:, None, None, None] + mx.arange(N)[:, None]  # (B, 1, N, 1)
-        t = mx.arange(self._idx + N)
+        t = mx.arange(width)
         mask = (t <= pos) & (t >= self.left_padding[:, None, None, None])
         if window_size is not None:
             mask = mask & (t > pos - window_size)
@@ -187,3 +216,44 @@ class RaggedBatchKVCache(BatchKVCache):
     def state(self, v: tuple[Any, ...]) -> None:
         self.keys, self.values, self.offset, self.left_padding, self._idx = v
         self.slack = [self._idx - e for e in self._ends().tolist()]  # the ends are in the arrays
+
+
+class BucketedKV:
+    """A lone row's plain ``KVCache`` as one verify step sees it: the keys and the mask span the
+    context rounded up to ``bucket`` positions (module docstring), the ones past the row's end
+    masked. Writes go to the ``KVCache`` itself (its ``offset`` and buffer are the row's; the
+    buffer grows to the rounded length when short), so the view is dropped after the forward.
+    Other attributes are the ``KVCache``'s.
+    """
+
+    def __init__(self, cache: KVCache, bucket: int):
+        self.cache, self.bucket = cache, bucket
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cache, name)
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None,
+                  **kwargs: Any) -> mx.array:
+        """``(N, L)`` bool, ``L`` = ``offset + N`` rounded up to ``bucket``: query ``j`` (at
+        position ``offset + j``) sees ``[0, offset + j]`` (the last ``window_size``, when given)."""
+        end = self.cache.offset
+        pos = end + mx.arange(N)[:, None]
+        t = mx.arange(_round_up(end + N, self.bucket))
+        mask = t <= pos
+        if window_size is not None:
+            mask = mask & (t > pos - window_size)
+        return mask
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The ``KVCache``'s own write; returns its keys and values up to its new ``offset``
+        rounded up to ``bucket``."""
+        c = self.cache
+        c.update_and_fetch(keys, values)
+        end = _round_up(c.offset, self.bucket)
+        if end > c.keys.shape[2]:
+            grow = end - c.offset
+            c.keys = mx.concatenate([c.keys[..., : c.offset, :], mx.zeros((*c.keys.shape[:2], grow, c.keys.shape[3]),
+                                                                             c.keys.dtype)], axis=2)
+            c.values = mx.concatenate([c.values[..., : c.offset, :],
+                                       mx.zeros((*c.values.shape[:2], grow, c.values.shape[3]), c.values.dtype)], axis=2)
+        return c.keys[..., :end, :], c.values[..., :end, :]
