@@ -183,10 +183,14 @@ class Catalogue:
                 if s.pin:
                     found = self.lookup(m)
                     if found is None:
+                        from omlx.engine import hub
+
                         known = sorted({*self.records, *self.aliases})
+                        fix = (f"fetch it with `omlx models pull {m}`, fix the id" if hub.parse_hub_id(m) is not None
+                               else "fix the id")
                         raise ModelNotFoundError(m, hint=f'[models."{m}"] in the config has pin = true, but no model '
                                                          f'of that id is in {self.config.models_dir}, the hub cache or '
-                                                         f'--model{did_you_mean(m, known)}; fix the id or remove the table')
+                                                         f'--model{did_you_mean(m, known)}; {fix} or remove the table')
                     order.append(found[0].model_id)
             if self.default_id is None and order:
                 self.default_id = order[0]

@@ -262,6 +262,14 @@ def test_pinned_model_that_does_not_exist_refuses_the_start_naming_the_closest_i
     assert "ghost" not in pool.listed_ids() and "qwen-07b" not in pool.listed_ids()
 
 
+def test_pinned_hub_id_not_in_the_hub_cache_says_how_to_pull_it(tmp_path):
+    settings = {"mlx-community/Ghost-4bit": ModelSettings(pin=True)}
+    pool, _, log = make_pool(tmp_path, {"a": 100 * MB}, soft=1000 * MB, settings=settings)
+    with pytest.raises(ModelNotFoundError, match="fetch it with `omlx models pull mlx-community/Ghost-4bit`"):
+        pool.preload(warmup=False)
+    assert log == []
+
+
 def test_pinned_model_found_in_the_models_dir_loads_at_start(tmp_path):
     pool, _, log = make_pool(tmp_path, {"a": 100 * MB, "p": 100 * MB}, soft=1000 * MB,
                              settings={"p": ModelSettings(pin=True)})
