@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 
 _request_counter = itertools.count()
 
+#: The seeds a request may give: a signed 64-bit integer, the range the OpenAI API reference
+#: gives ``seed`` (its OpenAPI document: minimum -2**63, maximum 2**63 - 1). The sampler folds it
+#: one-to-one into MLX's unsigned 64-bit key (``seed % 2**64``), so two seeds never share a key.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+
 
 def new_request_id() -> str:
     """A request id unique in this process (``req-<n>-<ns clock, hex>``); routes take one before
@@ -55,7 +61,8 @@ class SamplingParams:
         top_p: nucleus mass in (0, 1]; 1 disables.
         top_k: keep the k most likely tokens; 0, or k at least the vocabulary size, keeps all.
         min_p: drop tokens below min_p x p(top token); 0 disables.
-        seed: makes sampling with temperature > 0 reproducible for this request.
+        seed: makes sampling with temperature > 0 reproducible for this request; in
+            [`SEED_MIN`, `SEED_MAX`].
         stop: strings that end generation; never included in the output text.
         presence_penalty, frequency_penalty: OpenAI's additive penalties in [-2, 2].
         repetition_penalty: multiplicative penalty (> 0; 1 disables).

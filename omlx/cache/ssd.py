@@ -849,6 +849,9 @@ class NamespaceSummary:
         digest: the folder name.
         model_id: the served id recorded when it was written ('' if unknown).
         namespace: its Namespace, or ``None`` when ``namespace.json`` is missing or unreadable.
+        format_version: the block-file format (`SSD_FORMAT_VERSION`) of the omlx that last wrote
+            ``namespace.json``; ``None`` when it records none. Not the namespace's own
+            ``format_version``, which versions the key layout (`omlx.cache.hashing.FORMAT_VERSION`).
         num_files, num_bytes: block files and their bytes.
         num_temp_files: leftover temp files.
     """
@@ -856,6 +859,7 @@ class NamespaceSummary:
     digest: str
     model_id: str
     namespace: Namespace | None
+    format_version: int | None = None
     num_files: int = 0
     num_bytes: int = 0
     num_temp_files: int = 0
@@ -866,14 +870,23 @@ def _is_namespace_dir(path: Path) -> bool:
     return path.is_dir() and len(name) == _NS_DIR_CHARS and all(c in "0123456789abcdef" for c in name)
 
 
-def _read_namespace_file(ns_dir: Path) -> tuple[str, Namespace | None]:
-    """(model id, namespace) a folder's namespace file records; the namespace is None when it
-    cannot be read as this version's (an older layout), the model id "" when nothing can."""
+def _load_namespace_doc(ns_dir: Path) -> dict | None:
+    """A folder's namespace file as written by `SSDStore` (None when missing or not a JSON object)."""
     try:
         doc = json.loads((ns_dir / NAMESPACE_FILE).read_text())
-        model_id = str(doc.get("model_id", "")) if isinstance(doc, dict) else ""
     except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _read_namespace_file(ns_dir: Path, doc: dict | None = None) -> tuple[str, Namespace | None]:
+    """(model id, namespace) a folder's namespace file (or its ``doc``, already loaded) records;
+    the namespace is None when it cannot be read as this version's (an older layout), the model
+    id "" when nothing can."""
+    doc = _load_namespace_doc(ns_dir) if doc is None else doc
+    if doc is None:
         return "", None
+    model_id = str(doc.get("model_id", ""))
     try:
         return model_id, Namespace.from_json(json.dumps(doc["namespace"]))
     except (ValueError, KeyError, TypeError):
@@ -886,8 +899,11 @@ def summarize_cache_dir(root: Path) -> list[NamespaceSummary]:
     if not root.is_dir():
         return out
     for ns_dir in sorted(p for p in root.iterdir() if _is_namespace_dir(p)):
-        model_id, ns = _read_namespace_file(ns_dir)
-        s = NamespaceSummary(ns_dir.name, model_id, ns)
+        doc = _load_namespace_doc(ns_dir)
+        model_id, ns = _read_namespace_file(ns_dir, doc)
+        version = doc.get("format_version") if doc is not None else None
+        s = NamespaceSummary(ns_dir.name, model_id, ns,
+                             version if isinstance(version, int) and not isinstance(version, bool) else None)
         for path in iter_block_files(ns_dir):
             if path.name.endswith(TMP_SUFFIX):
                 s.num_temp_files += 1

@@ -28,6 +28,7 @@ def stats(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Files and bytes per namespace (model, block size, KV format, format version)."""
+    from omlx.cache.blockfile import SSD_FORMAT_VERSION
     from omlx.cache.ssd import summarize_cache_dir
 
     root = _cache_dir(base_path, ssd_cache_dir)
@@ -35,6 +36,7 @@ def stats(
     if as_json:
         typer.echo(json.dumps({
             "dir": str(root),
+            "format_version": SSD_FORMAT_VERSION,  # the block-file format this omlx reads and writes
             "num_files": sum(r.num_files for r in rows),
             "num_bytes": sum(r.num_bytes for r in rows),
             "namespaces": [{
@@ -45,7 +47,10 @@ def stats(
                 "block_size": r.namespace.block_size if r.namespace else None,
                 # cluster mode: each rank keeps the KV of its own layers in its own namespace
                 "layers": [r.namespace.layer_start, r.namespace.layer_end] if r.namespace else None,
-                "format_version": r.namespace.format_version if r.namespace else None,
+                # the block-file format its files were written in (None: not recorded); another is never read
+                "format_version": r.format_version,
+                # the layout its keys are computed with (a folder of another is never read)
+                "key_format_version": r.namespace.format_version if r.namespace else None,
             } for r in rows],
         }, indent=1))
         return
@@ -54,9 +59,12 @@ def stats(
         return
     total_files = sum(r.num_files for r in rows)
     total_bytes = sum(r.num_bytes for r in rows)
-    typer.echo(f"SSD KV cache {root}: {total_files} block files, {format_bytes(total_bytes)}")
+    typer.echo(f"SSD KV cache {root}: {total_files} block files, {format_bytes(total_bytes)} "
+               f"(block-file format {SSD_FORMAT_VERSION})")
     for r in rows:
         fmt = r.namespace.kv_format if r.namespace else "unknown namespace"
+        if r.format_version is not None and r.format_version != SSD_FORMAT_VERSION:
+            fmt += f"\tblock-file format {r.format_version} (this omlx reads none of them)"
         layers = f"layers [{r.namespace.layer_start}, {r.namespace.layer_end})\t" if r.namespace else ""
         size = f"{r.namespace.block_size}-token blocks\t" if r.namespace else ""
         typer.echo(f"  {r.digest}  {r.model_id or '?'}\t{layers}{r.num_files} files\t{format_bytes(r.num_bytes)}\t{size}{fmt}"

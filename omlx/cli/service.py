@@ -46,6 +46,7 @@ from omlx.cli.service_backends import (
     load_record,
     read_pid_file,
     recorded_ports,
+    sweep_stale_live,
     write_private,
 )
 from omlx.config import ServerConfig
@@ -504,13 +505,19 @@ def status(port: Annotated[Optional[int], typer.Option(help="Only this port (def
     say = _Say("omlx status")
     cfg = config_from({"port": port, "base_path": base_path}, config)
     base = Path(os.path.abspath(cfg.base_dir))
-    ports = [port] if port is not None else (recorded_ports(base) or [cfg.port])
+    gone = sweep_stale_live(base)  # before recorded_ports, which drops such a file without a word
+    ports = [port] if port is not None else (sorted({*recorded_ports(base), *gone}) or [cfg.port])
     with _clean_errors(say):
         out = []
         for p in ports:
             paths = ServicePaths(base, p)
             spec = load_record(paths)
-            out.append(service_status(spec, paths, _key(spec, cfg)))
+            st = service_status(spec, paths, _key(spec, cfg))
+            if p in gone:
+                died = (f"the server that listened on port {p} (pid {gone[p]}) is gone without stopping "
+                        f"(killed or crashed); removed its stale {paths.live}")
+                st["note"] = "; ".join(n for n in (died, st["note"]) if n)
+            out.append(st)
     typer.echo(json.dumps(out, indent=2) if json_out else "\n".join(format_status(s) for s in out))
     raise typer.Exit(0 if all(s["state"] in ("running", "external") for s in out) else NOT_RUNNING)
 

@@ -176,6 +176,22 @@ def recorded_ports(base: Path) -> list[int]:
     return sorted(ports)
 
 
+def sweep_stale_live(base: Path) -> dict[int, int]:
+    """Port -> pid of each `ServicePaths.live` file under ``base`` whose server is gone (killed or
+    crashed: a server that stops removes its own file). Those files are removed (`live_pid`);
+    an unreadable one is left alone."""
+    out = {}
+    for p in (base / "run").glob("serve-*.live"):
+        m = re.fullmatch(r"serve-(\d+)\.live", p.name)
+        try:
+            pid = int(json.loads(p.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if m and live_pid(p) is None and not p.exists():
+            out[int(m.group(1))] = pid
+    return out
+
+
 def write_live(path: Path) -> None:
     """Record this process as the server listening on the port of ``path`` (`ServicePaths.live`):
     its pid and start time (a reused pid is not taken for it)."""

@@ -22,7 +22,7 @@ from mlx_lm.sample_utils import (
     make_logits_processors,
 )
 
-from omlx.request import SamplingParams
+from omlx.request import SEED_MAX, SEED_MIN, SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -89,8 +89,11 @@ class RequestSampler:
             filters.append(lambda x: apply_top_k(x, params.top_k) if params.top_k < x.shape[-1] else x)
         self._filters = filters
         self._temp = params.temperature
-        # OpenAI seeds are any integer; MLX keys take 0..2**64-1, so fold the seed into that range.
-        self._key = mx.random.key(params.seed % 2**64) if params.seed is not None else None
+        seed = params.seed
+        if seed is not None and not SEED_MIN <= seed <= SEED_MAX:  # the API refuses these (a 400)
+            raise ValueError(f"seed {seed} is outside [{SEED_MIN}, {SEED_MAX}]")
+        # MLX keys take 0..2**64-1: a signed 64-bit seed folds into that range one-to-one.
+        self._key = mx.random.key(seed % 2**64) if seed is not None else None
         self._pending: list[mx.array] = []  # key chain states after each position of the last draw
 
     def _filter(self, logprobs: mx.array) -> mx.array:

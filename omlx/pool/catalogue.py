@@ -41,7 +41,7 @@ class Catalogue:
         for mid, s in config.model_settings.items():
             for a in s.aliases:
                 self.aliases.setdefault(a, mid)
-            if s.path or s.pin:
+            if s.path:  # a pinned id without a path is found like any other (`lookup`), or refused at start
                 self.records[mid] = ModelRecord(mid, s.path, s)
 
     def _settings(self, model_id: str) -> ModelSettings:
@@ -173,15 +173,24 @@ class Catalogue:
         (may repeat). Sets the default id to the first when none was registered. Takes the lock.
 
         Raises:
-            ModelNotFoundError: a pinned model is not found.
+            ModelNotFoundError: a pinned model is not found (the message names the closest known id).
         """
+        hub_models = self.hub_models()
         with self._lock:
+            self.scan_models_dir(hub_models)
             order = list(self.start_ids)
             for m, s in self.config.model_settings.items():
                 if s.pin:
                     found = self.lookup(m)
                     if found is None:
-                        raise ModelNotFoundError(m)
+                        from omlx.engine import hub
+
+                        known = sorted({*self.records, *self.aliases})
+                        fix = (f"fetch it with `omlx models pull {m}`, fix the id" if hub.parse_hub_id(m) is not None
+                               else "fix the id")
+                        raise ModelNotFoundError(m, hint=f'[models."{m}"] in the config has pin = true, but no model '
+                                                         f'of that id is in {self.config.models_dir}, the hub cache or '
+                                                         f'--model{did_you_mean(m, known)}; {fix} or remove the table')
                     order.append(found[0].model_id)
             if self.default_id is None and order:
                 self.default_id = order[0]
@@ -200,7 +209,7 @@ class Catalogue:
             for mid, s in self.config.model_settings.items():
                 if s.path and not Path(s.path).expanduser().exists():
                     lines.append(f'[models."{mid}"] in the config: its path {s.path} does not exist')
-                elif self.lookup(mid) is None:
+                elif self.lookup(mid) is None and not s.pin:  # a pinned one refuses the start (`start_order`)
                     lines.append(f'[models."{mid}"] in the config names no model omlx can find (in '
                                  f'{self.config.models_dir}, the hub cache or --model){did_you_mean(mid, known)}; '
                                  f'its settings are unused until a model of that id appears')

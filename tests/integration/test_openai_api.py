@@ -325,10 +325,20 @@ def test_invalid_text_and_deep_nesting_are_400(server, raw):
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("seed", [-5, 2**80])
-def test_any_integer_seed_is_accepted(client, seed):
+@pytest.mark.parametrize("seed", [-5, -(2**63), 2**63 - 1])
+def test_every_signed_64_bit_seed_is_accepted(client, seed):
     r = client.chat.completions.create(model=MODEL_ID, messages=CHAT, temperature=1.0, max_tokens=4, seed=seed)
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("path,extra", [("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": "Hi"})])
+def test_a_seed_outside_signed_64_bits_is_400_naming_it(server, path, extra):
+    """OpenAI's seed is a signed 64-bit integer; 2**80 was folded mod 2**64 into seed 0's draws."""
+    r = httpx.post(server.url + path, timeout=60, json={"model": MODEL_ID, "max_tokens": 4, "temperature": 1.0,
+                                                        "seed": 2**80, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["param"]) == ("invalid_request_error", "seed") and str(2**63 - 1) in err["message"], err
 
 
 def test_model_retrieve_percent_encoded_id(server):

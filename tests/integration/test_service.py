@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -220,3 +221,28 @@ def test_status_by_base_path_finds_a_server_run_in_the_foreground(tmp_path):
         assert (st["port"], st["state"], st["pid"], st["models"]) == (s.port, "external", s.proc.pid, [MODEL_ID])
         assert st["log"] is None  # it logs to where it was started; no file under <base>/logs
     assert not live.exists()  # removed at its exit
+
+
+def test_status_after_a_killed_server_names_its_port_and_removes_its_file(tmp_path):
+    """A killed ``omlx serve`` leaves ``serve-PORT.live``: `omlx status --base-path` removed it
+    without a word and said "omlx on port 8000: not running", the configured port."""
+    from tests.helpers import ServerProcess
+
+    home = tmp_path / "home"
+    s = ServerProcess(base_path=home).start()
+    live = home / "run" / f"serve-{s.port}.live"
+    try:
+        for _ in range(100):  # written once the socket is bound: /health may answer a moment before
+            if live.exists():
+                break
+            time.sleep(0.1)
+        pid = s.proc.pid
+    finally:
+        s.stop(signal.SIGKILL)
+    assert live.exists()  # no chance to remove it
+    r = subprocess.run([sys.executable, "-m", "omlx", "status", "--base-path", str(home), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stdout + r.stderr
+    (st,) = json.loads(r.stdout)
+    assert (st["port"], st["state"]) == (s.port, "stopped") and f"(pid {pid}) is gone" in st["note"], st
+    assert not live.exists()

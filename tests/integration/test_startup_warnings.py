@@ -4,6 +4,7 @@ forced off (``OMLX_DISABLE_KERNELS``) gives a warning in the log and in /health.
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.helpers import ServerProcess
 
@@ -51,3 +52,21 @@ def test_a_models_table_for_no_model_is_warned_at_start_with_the_closest_id(tmp_
             and "(did you mean SmolLM2-135M-Instruct?)" in log), log[-3000:]
     assert f'[models."elsewhere"] in the config: its path {tmp_path / "gone"} does not exist' in log, log[-3000:]
     assert '[models."SmolLM2-135M-Instruct"] in the config' not in log, log[-3000:]
+
+
+def test_a_pinned_model_that_does_not_exist_refuses_the_start_naming_the_closest_id(tmp_path):
+    """``pin = true`` for an id omlx cannot find started the default model and then failed loading
+    the pinned one, with no word of the id meant."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[models."SmolLM2-135M-Instuct"]\npin = true\n')  # the typo
+    s = ServerProcess(base_path=home, env={"COLUMNS": "1000"})
+    try:
+        with pytest.raises(RuntimeError, match="exited with 1") as ei:
+            s.start(timeout_s=300)
+    finally:
+        s.stop()
+    log = " ".join(str(ei.value).split())
+    assert ("cannot start: The model 'SmolLM2-135M-Instuct' does not exist: [models.\"SmolLM2-135M-Instuct\"] in the "
+            "config has pin = true" in log and "(did you mean SmolLM2-135M-Instruct?)" in log), log[-3000:]
+    assert "in the config names no model omlx can find" not in log, log[-3000:]  # one message, the error

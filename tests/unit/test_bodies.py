@@ -47,6 +47,9 @@ def test_dotted_paths_leave_out_union_arms():
     ({"temperature": 2.5}, "temperature", "<= 2.0"),
     ({"max_tokens": 0}, "max_tokens", ">= 1 (got 0)"),
     ({"seed": "1"}, "seed", "must be an integer"),
+    ({"seed": 2**80}, "seed", f"<= {2**63 - 1}"),  # was folded mod 2**64: the same draws as seed 0
+    ({"seed": 2**63}, "seed", f"<= {2**63 - 1}"),  # was folded onto seed -2**63
+    ({"seed": -(2**63) - 1}, "seed", f">= {-(2**63)}"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
     ({"logit_bias": {"x": 1}}, "logit_bias", "not a token id"),
     ({"top_logprobs": 2}, "top_logprobs", "requires 'logprobs'"),
@@ -58,6 +61,20 @@ def test_dotted_paths_leave_out_union_arms():
 def test_openai_chat_mistakes_name_their_path(patch, param, words):
     err = _error(ChatCompletionRequest, {"model": "m", "messages": HI, **patch})
     assert err.param == param and words in err.message, (err.param, err.message)
+
+
+@pytest.mark.parametrize("seed", [-(2**63), -5, 0, 2**63 - 1])
+@pytest.mark.parametrize("model,base", [(ChatCompletionRequest, {"messages": HI}), (CompletionRequest, {"prompt": "hi"}),
+                                        (ResponsesRequest, {"input": "hi"})])
+def test_every_signed_64_bit_seed_is_accepted(model, base, seed):
+    """OpenAI's ``seed`` is a signed 64-bit integer (its API reference: -2**63 to 2**63 - 1)."""
+    assert parse_body(model, json.dumps({"model": "m", **base, "seed": seed}).encode()).body.seed == seed
+
+
+def test_a_seed_outside_64_bits_is_400_on_every_openai_route():
+    for model, base in [(CompletionRequest, {"prompt": "hi"}), (ResponsesRequest, {"input": "hi"})]:
+        err = _error(model, {"model": "m", **base, "seed": 2**64})
+        assert err.param == "seed" and f"<= {2**63 - 1}" in err.message, (err.param, err.message)
 
 
 @pytest.mark.parametrize("patch,param", [

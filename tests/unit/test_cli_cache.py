@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
-from omlx.cache.blockfile import HostBlock, block_path
-from omlx.cache.hashing import Namespace, hash_block, make_kv_format
-from omlx.cache.ssd import SSDStore
+from omlx.cache.blockfile import SSD_FORMAT_VERSION, HostBlock, block_path
+from omlx.cache.hashing import FORMAT_VERSION, Namespace, hash_block, make_kv_format
+from omlx.cache.ssd import NAMESPACE_FILE, SSDStore
 from omlx.cli.main import app
 
 runner = CliRunner()
@@ -71,3 +71,25 @@ def test_stats_verify_and_clear(tmp_path: Path):
     assert r.exit_code == 0 and "removed 4 block files" in r.output  # model-a's, of both layer ranges
     r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path)])
     assert "empty" in r.output
+
+
+def test_stats_reports_the_block_file_format_version(tmp_path: Path):
+    """``format_version`` was the namespace's key-layout version (1 or 2) where the README and
+    the block files say format 4: it is now the block-file format, from the one constant."""
+    fill(tmp_path, NS_A, "model-a", 1)
+    fill(tmp_path, NS_B, "model-b", 1)
+    ns_file = tmp_path / "cache" / NS_B.digest() / NAMESPACE_FILE  # written by an older omlx
+    doc = json.loads(ns_file.read_text())
+    ns_file.write_text(json.dumps({**doc, "format_version": SSD_FORMAT_VERSION - 1}))
+
+    r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["format_version"] == SSD_FORMAT_VERSION == 4
+    rows = {n["model_id"]: n for n in doc["namespaces"]}
+    assert (rows["model-a"]["format_version"], rows["model-a"]["key_format_version"]) == (SSD_FORMAT_VERSION, FORMAT_VERSION)
+    assert rows["model-b"]["format_version"] == SSD_FORMAT_VERSION - 1
+    r = runner.invoke(app, ["cache", "stats", "--base-path", str(tmp_path)])
+    assert r.exit_code == 0 and f"(block-file format {SSD_FORMAT_VERSION})" in r.output, r.output
+    line_a, line_b = (next(line for line in r.output.splitlines() if m in line) for m in ("model-a", "model-b"))
+    assert "block-file format" not in line_a and f"block-file format {SSD_FORMAT_VERSION - 1} (this omlx reads none" in line_b

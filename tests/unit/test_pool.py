@@ -248,6 +248,36 @@ def test_unknown_model_is_404_and_never_loads_a_default(tmp_path):
         pool.get("../a")
 
 
+def test_pinned_model_that_does_not_exist_refuses_the_start_naming_the_closest_id(tmp_path):
+    """``[models."ghost"] pin = true`` made a record for the id, so the start loaded the other
+    models and then failed loading ghost, with no word of which ids exist."""
+    settings = {"qwen-07b": ModelSettings(pin=True), "ghost": ModelSettings(pin=True)}
+    pool, _, log = make_pool(tmp_path, {"qwen-0.5b": 100 * MB}, soft=1000 * MB, settings=settings)
+    with pytest.raises(ModelNotFoundError) as ei:
+        pool.preload(warmup=False)
+    msg = ei.value.message
+    assert msg.startswith("The model 'qwen-07b' does not exist: [models.\"qwen-07b\"] in the config has pin = true"), msg
+    assert "(did you mean qwen-0.5b?)" in msg and str(tmp_path / "models") in msg, msg
+    assert log == []  # refused before anything loads
+    assert "ghost" not in pool.listed_ids() and "qwen-07b" not in pool.listed_ids()
+
+
+def test_pinned_hub_id_not_in_the_hub_cache_says_how_to_pull_it(tmp_path):
+    settings = {"mlx-community/Ghost-4bit": ModelSettings(pin=True)}
+    pool, _, log = make_pool(tmp_path, {"a": 100 * MB}, soft=1000 * MB, settings=settings)
+    with pytest.raises(ModelNotFoundError, match="fetch it with `omlx models pull mlx-community/Ghost-4bit`"):
+        pool.preload(warmup=False)
+    assert log == []
+
+
+def test_pinned_model_found_in_the_models_dir_loads_at_start(tmp_path):
+    pool, _, log = make_pool(tmp_path, {"a": 100 * MB, "p": 100 * MB}, soft=1000 * MB,
+                             settings={"p": ModelSettings(pin=True)})
+    assert pool.catalogue.unmatched_settings() == []
+    pool.preload(warmup=False)
+    assert log == ["p"] and pool.catalogue.default_id == "p"
+
+
 def test_profiles_overlay_settings_on_one_engine(tmp_path):
     settings = {"a": ModelSettings(default_temperature=0.7, default_max_tokens=100, profiles={
         "terse": ModelSettings(default_max_tokens=5), "cold": ModelSettings(default_temperature=0.0)})}

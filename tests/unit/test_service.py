@@ -258,6 +258,32 @@ def test_a_running_servers_live_file_counts_and_a_gone_ones_is_removed(tmp_path)
     assert recorded_ports(tmp_path) == []
 
 
+def test_status_names_a_dead_servers_port_from_its_stale_live_file(tmp_path):
+    """A server killed on port P leaves ``serve-P.live``: `omlx status` dropped the file without
+    a word and reported the configured port instead ("omlx on port 8000: not running")."""
+    from tests.helpers import free_port
+
+    port = free_port()
+    gone = subprocess.Popen([PY, "-c", "pass"])
+    gone.wait()
+    live = ServicePaths(tmp_path, port).live
+    live.parent.mkdir()
+    live.write_text(json.dumps({"pid": gone.pid, "create_time": time.time()}))
+    r = omlx("status", "--base-path", str(tmp_path), "--json")
+    assert r.returncode == 3, r.stdout + r.stderr
+    (st,) = json.loads(r.stdout)
+    assert (st["port"], st["state"]) == (port, "stopped"), st
+    assert f"(pid {gone.pid}) is gone" in st["note"] and str(live) in st["note"], st
+    assert not live.exists()
+
+    live.write_text(json.dumps({"pid": gone.pid, "create_time": time.time()}))
+    r = omlx("status", "--base-path", str(tmp_path), "--port", str(port))
+    assert r.returncode == 3, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"omlx on port {port}: not running" and f"(pid {gone.pid}) is gone" in lines[1], r.stdout
+    assert not live.exists()
+
+
 # ---- command errors ---------------------------------------------------------------------------
 
 

@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from omlx.api.bodies.base import Body, Int, IntIn, Model, NonEmpty, Part, Tokens, rule, shape
+from omlx.api.bodies.base import Body, IntIn, Model, NonEmpty, Part, Tokens, rule, shape
+from omlx.request import SEED_MAX, SEED_MIN
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 """OpenAI's ``reasoning_effort`` / ``reasoning.effort`` values (API reference, 2026)."""
@@ -60,7 +61,7 @@ class Sampling(Body):
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     top_k: IntIn(ge=0) | None = None
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: Int | None = None
+    seed: IntIn(ge=SEED_MIN, le=SEED_MAX) | None = None  # OpenAI's range: a signed 64-bit integer
     stop: Stop = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 
 from omlx.engine.sampling import make_sampler
-from omlx.request import SamplingParams
+from omlx.request import SEED_MAX, SEED_MIN, SamplingParams
 
 V = 16
 
@@ -46,3 +47,17 @@ def test_a_broken_random_state_is_reseeded_and_sampling_works_again():
     tok = categorical_sampling(_logprobs(), 1.0)
     mx.eval(tok)
     assert 0 <= tok.item() < V
+
+
+def test_a_seed_outside_signed_64_bits_is_refused_not_folded():
+    """Seeds were folded mod 2**64: 2**64 drew what 0 drew, 2**63 what -2**63 drew. The API
+    refuses them (a 400); a sampler asked for one directly raises."""
+    for bad in (SEED_MAX + 1, 2**64, 2**80, SEED_MIN - 1):
+        with pytest.raises(ValueError, match=f"seed {bad} is outside"):
+            make_sampler(SamplingParams(max_tokens=1, temperature=1.0, seed=bad))
+    for ok in (SEED_MIN, -5, SEED_MAX):  # the ends of the range sample, reproducibly
+        runs = []
+        for _ in range(2):
+            sampler = make_sampler(SamplingParams(max_tokens=1, temperature=1.0, seed=ok))
+            runs.append([sampler(_logprobs()).item() for _ in range(8)])
+        assert runs[0] == runs[1]
