@@ -396,7 +396,8 @@ class ServerConfig(BaseSettings):
     lookup_draft_tokens: int_in(0, 64) = _key(0, (
         "experimental prompt-lookup speculative decoding: most tokens drafted per verify step for a "
         "request without penalties or structured output, alone or in a batch (`omlx.engine.lookup`, "
-        "`omlx.engine.speculate`; greedy output equals plain greedy decoding, sampled output keeps the "
+        "`omlx.engine.speculate`; greedy output equals plain greedy decoding in float32, while bf16 or "
+        "quantized weights on a GPU can round a near-tie the other way; sampled output keeps the "
         "model's distribution and a seed's tokens); 0 = off (see *--lookup-draft-tokens* below the table)"), example=4)
     model_settings: Mapping[str, ModelSettings] = _key(None, (
         "per-model settings, one table per model id (the next table)"), toml="models",
