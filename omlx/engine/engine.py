@@ -392,7 +392,7 @@ class Engine:
                 self._retry_batch(e)
                 continue
             if self._faulted:
-                self._fail_attributed({r.uid for r in gen_resps if r.finish_reason is not None})
+                self._fail_attributed({r.state for r in gen_resps if r.finish_reason is not None})
             for pr in prompt_resps:
                 st = pr.state
                 if st is None or st.finished:
@@ -458,8 +458,9 @@ class Engine:
             except RuntimeError:  # the server's event loop is already closed: nobody is listening
                 pass
 
-    def _fail_attributed(self, finished_uids: set[int]) -> None:
-        """Fail the requests whose own processor or sampler raised in this step; only them."""
+    def _fail_attributed(self, finished: set[RequestState]) -> None:
+        """Fail the requests whose own processor or sampler raised in this step; only them
+        (``finished``: those the step ended, already out of the runner's batch)."""
         faulted, self._faulted = self._faulted, []
         for st in faulted:
             error, st.fault = st.fault, None
@@ -469,7 +470,7 @@ class Engine:
                          st.request_id, type(error).__name__, error, len(self._requests) - 1)
             self.num_request_failures += 1
             self.last_error = f"{type(error).__name__}: {error}"
-            self._drop(st, remove=st.uid not in finished_uids)
+            self._drop(st, remove=st not in finished)
             st.sink(Failed(EngineError(f"generation failed: {type(error).__name__}: {error}")))
 
     def _retry_batch(self, error: Exception) -> None:
