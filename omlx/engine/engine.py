@@ -35,10 +35,10 @@ from omlx.engine.grammar import Grammars
 from omlx.engine.kv_cache import PrefixLease
 from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.progress import PrefillRate, PrefillStatus, prefill_rate, warn_if_slow
-from omlx.engine.request_state import RequestState, Sink, guard_processor, guard_sampler
+from omlx.engine.request_state import RequestState, Sink
 from omlx.engine.runner import BatchRunner
 from omlx.engine.step_sizes import StepSizes, measured_step_sizes
-from omlx.engine.sampling import make_processors, make_sampler, repair_random_state
+from omlx.engine.sampling import guard_processor, guard_sampler, make_processors, make_sampler, repair_random_state
 from omlx.errors import ClusterUnavailableError, EngineError
 from omlx.request import (
     Admitted,

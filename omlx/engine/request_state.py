@@ -1,28 +1,28 @@
 """One request's state in the engine: the single record the engine, the runner and the cache read.
 
-Owns: `RequestState` (a request from its admission to its end: its token ids, its KV progress,
-the blocks it holds, its sampler, processors and output state, its counters) and the guards
-that attribute a per-request sampler's or logits processor's exception to its own state (fault
-isolation: only that request fails). The engine keeps one table of states keyed by request id;
-the runner's row of a sequence refers to its state and hands it back on every response and
-chunk report, so nothing is looked up by runner uid.
+Owns: `RequestState`, a request from its admission to its end: its token ids, its KV progress,
+the blocks it holds, its sampler, processors and output state, its counters, and the fault its
+own sampler or processor raised (`omlx.engine.sampling.guard_sampler` records it here). The
+engine keeps one table of states keyed by request id; the runner's row of a sequence refers to
+its state and hands it back on every response and chunk report, so nothing is looked up by
+runner uid.
 
-Must not: call the model, touch the runner's caches, or speak HTTP; it is data plus two
-wrappers. The engine thread alone writes a state (other threads only read snapshots).
+Must not: import mlx (pure Python, like the scheduler that is to read it), call the model,
+touch the runner's caches, or speak HTTP. The engine thread alone writes a state (other
+threads only read snapshots).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import mlx.core as mx
-from mlx_lm.sample_utils import greedy_sampler
-
-from omlx.engine.grammar import GrammarMatcher
-from omlx.engine.kv_cache import PrefixLease
-from omlx.engine.output import OutputState
 from omlx.request import GenerationEvent, Request
+
+if TYPE_CHECKING:
+    from omlx.engine.grammar import GrammarMatcher
+    from omlx.engine.kv_cache import PrefixLease
+    from omlx.engine.output import OutputState
 
 Sink = Callable[[GenerationEvent], None]
 
@@ -51,8 +51,8 @@ class RequestState:
             (uncached ones; all of the prompt after a batch retry); ``num_insert_prefilled``:
             how many of them the runner reported done.
         output: its detokenizer and stop strings (None until inserted).
-        sampler, processors, grammar: its own, as guarded for the runner (`guard_sampler`,
-            `guard_processor`).
+        sampler, processors, grammar: its own, as guarded for the runner
+            (`omlx.engine.sampling.guard_sampler`, ``guard_processor``).
         fault: the exception its own sampler or processor raised in this step (attributed:
             only this request fails, after the step).
         first_logprobs: log-probabilities of its first output token when nothing changed them;
@@ -130,51 +130,9 @@ class RequestState:
             self.request.num_prefilled_tokens += done - self.num_insert_prefilled
             self.num_insert_prefilled = done
 
-
-def guard_processor(st: RequestState, proc: Any, faulted: list[RequestState]) -> Any:
-    """A logits processor whose exception is recorded on ``st`` (logits pass through)."""
-
-    def guarded(tokens: mx.array, logits: mx.array) -> mx.array:
-        try:
-            return proc(tokens, logits)
-        except Exception as e:  # attributed: only this request fails, after the step
-            record_fault(st, e, faulted)
-            return logits
-
-    return guarded
-
-
-def guard_sampler(st: RequestState, sampler: Any, faulted: list[RequestState]) -> Any:
-    """A per-request sampler whose exception is recorded on ``st`` (argmax stands in)."""
-    if sampler is greedy_sampler:  # shared by greedy requests so they sample in one batched call
-        return sampler
-    return _GuardedSampler(st, sampler, faulted)
-
-
-def record_fault(st: RequestState, error: Exception, faulted: list[RequestState]) -> None:
-    """Note ``error`` against ``st`` (its first one in a step wins) and list ``st`` as faulted."""
-    if st.fault is None:
-        st.fault = error
-        faulted.append(st)
-
-
-class _GuardedSampler:
-    """`guard_sampler`'s wrapper; passes a `RequestSampler`'s ``draw``/``keep`` (speculation) on."""
-
-    __slots__ = ("_st", "_sampler", "_faulted", "draw", "keep")
-
-    def __init__(self, st: RequestState, sampler: Any, faulted: list[RequestState]):
-        self._st, self._sampler, self._faulted = st, sampler, faulted
-        if hasattr(sampler, "draw"):
-            self.draw = lambda lp: self._guarded(sampler.draw, lp)
-            self.keep = sampler.keep
-
-    def _guarded(self, fn: Any, logprobs: mx.array) -> mx.array:
-        try:
-            return fn(logprobs)
-        except Exception as e:
-            record_fault(self._st, e, self._faulted)
-            return mx.argmax(logprobs, axis=-1)
-
-    def __call__(self, logprobs: mx.array) -> mx.array:
-        return self._guarded(self._sampler, logprobs)
+    def record_fault(self, error: Exception, faulted: list[RequestState]) -> None:
+        """Note ``error`` from its own sampler or processor (the first in a step wins) and
+        list this state in ``faulted`` (the engine fails it after the step)."""
+        if self.fault is None:
+            self.fault = error
+            faulted.append(self)

@@ -7,7 +7,8 @@ import threading
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
-from omlx.engine.request_state import RequestState, guard_processor, guard_sampler
+from omlx.engine.request_state import RequestState
+from omlx.engine.sampling import guard_processor, guard_sampler
 from omlx.request import Request, SamplingParams
 
 
