@@ -40,7 +40,8 @@ def main() -> None:
     from mlx_lm import load, stream_generate
     from mlx_lm.generate import BatchGenerator, generate_step
 
-    from omlx.engine.runner import BatchRunner, measure_step_sizes
+    from omlx.engine.runner import BatchRunner
+    from omlx.engine.step_sizes import measure_step_sizes
 
     model, tok = load(a.model)
     vocab = model.args.vocab_size if hasattr(model, "args") else 32000

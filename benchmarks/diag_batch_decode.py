@@ -42,7 +42,8 @@ def main() -> None:
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-    from omlx.engine.runner import BatchRunner, measured_step_sizes
+    from omlx.engine.runner import BatchRunner
+    from omlx.engine.step_sizes import measured_step_sizes
 
     model, _ = load(a.model)
     rng = random.Random(0)

@@ -12,6 +12,10 @@ its requests are retried from where they were (each at most ``MAX_STEP_RETRIES``
 thread never dies of a request. It must not: speak HTTP, read config files, or know about API
 shapes.
 
+Each admitted request is one `RequestState` (omlx.engine.request_state) in one table keyed by
+request id; the runner's sequence refers to that state and hands it back on every response and
+chunk report, so no table is keyed by runner uid.
+
 MLX belongs to this one thread (STYLE.md habit 10): every mlx call on the model happens here.
 """
 
@@ -21,20 +25,20 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import StopSequences
-from mlx_lm.sample_utils import greedy_sampler
 
 from omlx.cache.paged import common_prefix_len
-from omlx.engine.grammar import GrammarMatcher, Grammars
+from omlx.engine.grammar import Grammars
 from omlx.engine.kv_cache import PrefixLease
 from omlx.engine.output import OutputState, token_bytes
 from omlx.engine.progress import PrefillRate, PrefillStatus, prefill_rate, warn_if_slow
-from omlx.engine.runner import BatchRunner, StepSizes, measured_step_sizes
-from omlx.engine.sampling import make_processors, make_sampler, repair_random_state
+from omlx.engine.request_state import RequestState, Sink
+from omlx.engine.runner import BatchRunner
+from omlx.engine.step_sizes import StepSizes, measured_step_sizes
+from omlx.engine.sampling import guard_processor, guard_sampler, make_processors, make_sampler, repair_random_state
 from omlx.errors import ClusterUnavailableError, EngineError
 from omlx.request import (
     Admitted,
@@ -52,8 +56,6 @@ from omlx.request import (
 from omlx.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-
-Sink = Callable[[GenerationEvent], None]
 
 #: How many failed batch steps one request survives (its batch is rebuilt and it is retried).
 MAX_STEP_RETRIES = 2
@@ -109,78 +111,6 @@ class Pipeline(Protocol):
         """The engine thread has ended (from the thread that called ``Engine.stop``)."""
 
 
-@dataclass(slots=True)
-class _Running:
-    request: Request
-    sink: Sink
-    uid: int
-    output: OutputState
-    lease: PrefixLease | None
-    num_cached_tokens: int = 0
-    num_cached_tokens_cold: int = 0
-    num_generated: int = 0
-    first_token_s: float | None = None
-    start_s: float = field(default_factory=time.monotonic)
-    # Log-probabilities of the first output token when no processor changed them: kept with
-    # the prompt's KV so a repeat of the prompt samples its first token without a forward pass.
-    first_logprobs: Any = None
-    sampler: Any = None
-    processors: list[Any] = field(default_factory=list)
-    generated_ids: list[int] = field(default_factory=list)  # kept so a retry can resume
-    grammar: GrammarMatcher | None = None  # constrained decoding
-    num_retries: int = 0
-    # Prompt tokens the current insert prefills (uncached ones; all of them after a batch
-    # retry) and the runner's progress count of that insert: `request.num_prefilled_tokens`.
-    num_prompt_to_prefill: int = 0
-    num_insert_prefilled: int = 0
-    # Prompt-lookup speculation: draft tokens checked, accepted, and whether it was switched off.
-    num_draft_tokens: int = 0
-    num_accepted_draft_tokens: int = 0
-    speculation_off: bool = False
-
-
-def _guard_processor(rid: str, proc: Any, faults: dict[str, Exception]) -> Any:
-    """A logits processor whose exception is recorded against request ``rid`` (logits pass through)."""
-
-    def guarded(tokens: mx.array, logits: mx.array) -> mx.array:
-        try:
-            return proc(tokens, logits)
-        except Exception as e:  # attributed: only this request fails, after the step
-            faults.setdefault(rid, e)
-            return logits
-
-    return guarded
-
-
-def _guard_sampler(rid: str, sampler: Any, faults: dict[str, Exception]) -> Any:
-    """A per-request sampler whose exception is recorded against ``rid`` (argmax stands in)."""
-    if sampler is greedy_sampler:  # shared by greedy requests so they sample in one batched call
-        return sampler
-    return _GuardedSampler(rid, sampler, faults)
-
-
-class _GuardedSampler:
-    """`_guard_sampler`'s wrapper; passes a `RequestSampler`'s ``draw``/``keep`` (speculation) on."""
-
-    __slots__ = ("_rid", "_sampler", "_faults", "draw", "keep")
-
-    def __init__(self, rid: str, sampler: Any, faults: dict[str, Exception]):
-        self._rid, self._sampler, self._faults = rid, sampler, faults
-        if hasattr(sampler, "draw"):
-            self.draw = lambda lp: self._guarded(sampler.draw, lp)
-            self.keep = sampler.keep
-
-    def _guarded(self, fn: Any, logprobs: mx.array) -> mx.array:
-        try:
-            return fn(logprobs)
-        except Exception as e:
-            self._faults.setdefault(self._rid, e)
-            return mx.argmax(logprobs, axis=-1)
-
-    def __call__(self, logprobs: mx.array) -> mx.array:
-        return self._guarded(self._sampler, logprobs)
-
-
 class Engine:
     """Continuous batching for one model on its own thread.
 
@@ -199,7 +129,7 @@ class Engine:
         pad_shapes: pad ragged prefill chunks to repeating lengths (`BatchRunner`; for CUDA,
             whose attention builds a cuDNN graph per new shape); off by default, as above.
         measure_steps: choose both step sizes by measuring the model on this device when the
-            engine thread starts (`omlx.engine.runner.measured_step_sizes`: once per model shape
+            engine thread starts (`omlx.engine.step_sizes.measured_step_sizes`: once per model shape
             and device in the process; logged).
         make_processors: a request's logits processors (default:
             `omlx.engine.sampling.make_processors`; the test-only faults of omlx.engine.faults
@@ -250,23 +180,22 @@ class Engine:
         self._grammars: Grammars | None = None
         self._stop_sequences = StopSequences([(t,) for t in tokenizer.eos_token_ids])
         self._eos = frozenset(tokenizer.eos_token_ids)
-        self._sinks: dict[str, Sink] = {}
+        self._sinks: dict[str, Sink] = {}  # submitted, not yet admitted (any thread -> engine thread)
         self._aborts: queue.SimpleQueue[tuple[str, Exception | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._gen: BatchRunner | None = None
-        self._ready: list[tuple[Request, Sink]] = []  # admitted, waiting for the runner's prefill
+        # Every admitted request, by request id, in admission order: the engine's one table of
+        # requests (a state with ``uid`` None waits for its prefill to start).
+        self._requests: dict[str, RequestState] = {}
         self._common: dict[tuple[str, str], int] = {}  # (ready, prefilling) request ids -> shared tokens
-        self._by_uid: dict[int, _Running] = {}
-        self._by_rid: dict[str, _Running] = {}
-        self._faults: dict[str, Exception] = {}  # request id -> its attributed exception, this step
+        self._faulted: list[RequestState] = []  # states whose own sampler or processor raised, this step
         self.num_batch_failures = 0
         self.num_request_failures = 0
         self.num_retried_requests = 0
         self.last_error: str | None = None
         self.last_step_s = 0.0  # time.monotonic() of the last step run with work
-        self._inserting: Sink | None = None  # the request being inserted (not yet in _by_rid)
         self.pipeline = pipeline
         #: Requests may carry a `Constraint` (structured outputs, forced tool calls).
         self.supports_constraints = pipeline is None or pipeline.supports_constraints
@@ -338,8 +267,7 @@ class Engine:
 
     def active_requests(self) -> list[Request]:
         """Requests running or waiting, oldest first (a snapshot, from any thread)."""
-        reqs = [st.request for st in list(self._by_rid.values())] + [r for r, _ in list(self._ready)] \
-            + self.scheduler.waiting()
+        reqs = [st.request for st in list(self._requests.values())] + self.scheduler.waiting()
         return sorted(reqs, key=lambda r: r.arrival_s)
 
     def run_sync(self, request: Request, timeout_s: float = 600.0) -> list[GenerationEvent]:
@@ -390,7 +318,7 @@ class Engine:
 
     def num_active(self) -> int:
         """Requests known to the engine thread (running + being admitted)."""
-        return len(self._by_rid) + len(self._ready)
+        return len(self._requests)
 
     # ---- engine thread ----------------------------------------------------------------
 
@@ -449,7 +377,7 @@ class Engine:
         while not self._stopping:
             self._handle_aborts()
             self._admit()
-            if not self._by_uid and not self._ready:
+            if not self._requests:
                 self._write_deferred()
                 self._wake.wait(0.05)
                 self._wake.clear()
@@ -463,36 +391,32 @@ class Engine:
                 self._fail_attributed(set())
                 self._retry_batch(e)
                 continue
-            if self._faults:
-                self._fail_attributed({r.uid for r in gen_resps if r.finish_reason is not None})
+            if self._faulted:
+                self._fail_attributed({r.state for r in gen_resps if r.finish_reason is not None})
             for pr in prompt_resps:
-                st = self._by_uid.get(pr.uid)
-                if st is None:
+                st = pr.state
+                if st is None or st.finished:
                     continue
                 done, total = pr.progress
-                self._count_prefilled(st, done)
+                st.count_prefilled(done)
                 if not pr.end_of_prompt:
                     st.sink(PrefillProgress(st.num_cached_tokens + done, st.num_cached_tokens + total))
             for r in gen_resps:
                 try:
                     self._on_token(r)
                 except Exception as e:
-                    st = self._by_uid.get(r.uid)
-                    if st is not None:
-                        logger.exception("request %s failed while emitting output", st.request.request_id)
+                    st = r.state
+                    if st is not None and not st.finished:
+                        logger.exception("request %s failed while emitting output", st.request_id)
                         self.num_request_failures += 1
                         self._drop(st, remove=r.finish_reason is None)
                         st.sink(Failed(EngineError(f"generation failed: {type(e).__name__}: {e}")))
         # Nothing is dropped silently: whatever is still here learns that the engine stopped.
         gone = EngineError(f"model {self.model_id} was unloaded (or the server is stopping) before this request finished; retry it")
         sinks = []
-        for st in list(self._by_uid.values()):
+        for st in list(self._requests.values()):
             self._drop(st, remove=False)
             sinks.append(st.sink)
-        for req, sink in self._ready:
-            self.scheduler.finish(req.request_id, RequestStatus.FAILED)
-            sinks.append(sink)
-        self._ready.clear()
         self._fail_with_waiting(sinks, gone)
 
     def _write_deferred(self) -> None:
@@ -513,13 +437,12 @@ class Engine:
     def fail_everything(self, error: Exception) -> None:
         """Fail every running, starting and waiting request with ``error`` (any thread: the
         cluster's watchdog calls it while the engine thread is stuck in a collective)."""
-        sinks: list[Sink | None] = [st.sink for st in list(self._by_rid.values())]
-        sinks += [sink for _, sink in list(self._ready)]
-        self._ready.clear()
-        self._by_rid.clear()
-        self._by_uid.clear()
-        if self._inserting is not None:
-            sinks.append(self._inserting)
+        states = list(self._requests.values())  # the one being inserted too (cluster: stuck in it)
+        self._requests.clear()
+        sinks: list[Sink | None] = []
+        for st in states:
+            st.finished = True
+            sinks.append(st.sink)
         self._fail_with_waiting(sinks, error)
 
     def _fail_with_waiting(self, sinks: list[Sink | None], error: Exception) -> None:
@@ -535,18 +458,19 @@ class Engine:
             except RuntimeError:  # the server's event loop is already closed: nobody is listening
                 pass
 
-    def _fail_attributed(self, finished_uids: set[int]) -> None:
-        """Fail the requests whose own processor or sampler raised in this step; only them."""
-        faults, self._faults = self._faults, {}
-        for rid, error in faults.items():
-            st = self._by_rid.get(rid)
-            if st is None:
+    def _fail_attributed(self, finished: set[RequestState]) -> None:
+        """Fail the requests whose own processor or sampler raised in this step; only them
+        (``finished``: those the step ended, already out of the runner's batch)."""
+        faulted, self._faulted = self._faulted, []
+        for st in faulted:
+            error, st.fault = st.fault, None
+            if st.finished or error is None:
                 continue
             logger.error("request %s failed in its own sampling step (%s: %s); the other %d request(s) go on",
-                         rid, type(error).__name__, error, len(self._by_rid) - 1)
+                         st.request_id, type(error).__name__, error, len(self._requests) - 1)
             self.num_request_failures += 1
             self.last_error = f"{type(error).__name__}: {error}"
-            self._drop(st, remove=st.uid not in finished_uids)
+            self._drop(st, remove=st not in finished)
             st.sink(Failed(EngineError(f"generation failed: {type(error).__name__}: {error}")))
 
     def _retry_batch(self, error: Exception) -> None:
@@ -564,11 +488,12 @@ class Engine:
             self.fail_everything(err)
             self._stopping = True  # the loop ends; nothing more can run on this pipeline
             return
-        survivors = list(self._by_uid.values())
+        survivors = [st for st in self._requests.values() if st.uid is not None]
         logger.error("batch step failed (%s: %s); retrying its %d request(s) in a fresh batch",
                      type(error).__name__, error, len(survivors), exc_info=error)
         self._gen = self._new_generator()
-        self._by_uid.clear()
+        for st in survivors:
+            st.uid = None  # not in the new runner until resumed
         for st in survivors:
             st.num_retries += 1
             try:
@@ -581,7 +506,7 @@ class Engine:
                 self._drop(st, remove=False)
                 st.sink(Failed(e if isinstance(e, EngineError) else EngineError(f"generation failed: {type(e).__name__}: {e}")))
 
-    def _resume(self, st: _Running) -> None:
+    def _resume(self, st: RequestState) -> None:
         """Insert ``st`` into the (new) batch again: prompt + generated tokens, remaining budget.
 
         Its prefix-cache lease is released (the old batch held its caches) and it is not stored.
@@ -590,24 +515,22 @@ class Engine:
             self.prefix_cache.release(st.lease)
             st.lease = None
         p = st.request.sampling
-        tokens = list(st.request.prompt_token_ids) + st.generated_ids
-        remaining = p.max_tokens - st.num_generated
+        remaining = p.max_tokens - st.num_output_tokens
         if remaining <= 0:
             self._finish(st, "length", remove=False, prompt_cache=None, all_tokens=None)
             return
         if st.grammar is not None:  # the failed step may have consumed a token never emitted
-            st.grammar.rewind(len(st.generated_ids))
+            st.grammar.rewind(st.num_output_tokens)
         (uid,) = self._gen.insert_segments(
-            [[tokens]],
+            [[list(st.token_ids)]],
             max_tokens=[remaining],
             samplers=[st.sampler],
             logits_processors=[st.processors],
             stop_sequences=[self._stop_sequences],
             grammars=[st.grammar],
+            states=[st],
         )
-        st.uid = uid
-        st.num_prompt_to_prefill, st.num_insert_prefilled = st.request.num_prompt_tokens, 0
-        self._by_uid[uid] = st
+        st.start(uid, 0, st.request.num_prompt_tokens)
 
     def _handle_aborts(self) -> None:
         while True:
@@ -615,8 +538,12 @@ class Engine:
                 rid, error = self._aborts.get_nowait()
             except queue.Empty:
                 return
-            st = self._by_rid.get(rid)
-            if st is not None:
+            st = self._requests.get(rid)
+            if st is not None and st.uid is None:  # admitted, its prefill not started
+                self._forget(st)
+                self.scheduler.finish(rid, RequestStatus.ABORTED if error is None else RequestStatus.FAILED)
+                st.sink(Finished("abort", Usage(st.request.num_prompt_tokens, 0)) if error is None else Failed(error))
+            elif st is not None:
                 self._keep_prefilled_blocks(st)
                 if error is None:
                     self._finish(st, "abort", remove=True, prompt_cache=None, all_tokens=None)
@@ -627,10 +554,6 @@ class Engine:
                 sink = self._sinks.pop(rid, None)
                 if sink is not None:
                     sink(Finished("abort", Usage(req.num_prompt_tokens, 0)) if error is None else Failed(error))
-            elif (ready := self._take_ready(rid)) is not None:
-                req, sink = ready
-                self.scheduler.finish(rid, RequestStatus.ABORTED if error is None else RequestStatus.FAILED)
-                sink(Finished("abort", Usage(req.num_prompt_tokens, 0)) if error is None else Failed(error))
 
     def _admit(self) -> None:
         for req in self.scheduler.admit():
@@ -638,33 +561,38 @@ class Engine:
             if sink is None:  # aborted between add and admit
                 self.scheduler.finish(req.request_id, RequestStatus.ABORTED)
                 continue
-            self._ready.append((req, sink))
+            self._requests[req.request_id] = RequestState.admitted(req, sink)
         # A request whose prompt shares blocks that a request prefilling now is still computing
         # waits until they are in the cache (8 agents started at once on one system prompt
         # prefill it once; a retry of an abandoned prompt takes what its first try computed);
         # every other one starts now, behind nothing: the runner puts a prompt that fits one
         # chunk ahead of a long one (`BatchRunner`'s prefill order), so a short turn on a
         # cached conversation is not held up by another client's long first prompt.
-        if self._ready and self._gen is not None:
+        ready = [st for st in self._requests.values() if st.uid is None]
+        if ready and self._gen is not None:
             flush = getattr(self._gen, "flush_reports", None)
             if flush is not None:
                 flush()  # every block computed so far is in the cache before the lookups
-            waiting: list[tuple[Request, Sink]] = []
-            for req, sink in self._ready:
-                if self._waits_for_blocks(req):
-                    waiting.append((req, sink))
+            num_waiting = 0
+            for st in ready:
+                if st.finished:  # failed meanwhile (fail_everything, from another thread)
+                    continue
+                if self._waits_for_blocks(st.request):
+                    num_waiting += 1
                     continue
                 try:
-                    self._insert(req, sink)
+                    self._insert(st)
                 except Exception as e:
-                    logger.exception("could not start request %s", req.request_id)
+                    logger.exception("could not start request %s", st.request_id)
                     repair_random_state()
-                    self.scheduler.finish(req.request_id, RequestStatus.FAILED)
+                    self._forget(st)
+                    self.scheduler.finish(st.request_id, RequestStatus.FAILED)
                     # A lost pipeline (cluster mode) stays a 503 cluster_unavailable, not a 500.
                     err = e if isinstance(e, ClusterUnavailableError) else EngineError(f"could not start generation: {e}")
-                    sink(Failed(err))
-            self._ready = waiting
-        if not self._ready:
+                    st.sink(Failed(err))
+            if not num_waiting:
+                self._common.clear()
+        elif not ready:
             self._common.clear()
 
     def _waits_for_blocks(self, req: Request) -> bool:
@@ -674,53 +602,39 @@ class Engine:
         ids = req.prompt_token_ids
         bs = self.block_size
         early = self._caches_blocks_early()
-        for st in self._by_rid.values():
-            if st.first_token_s is not None or st.uid < 0 or st.lease is None:
-                continue  # decoding, a whole-prompt hit, or caching nothing (after a batch retry)
-            key = (req.request_id, st.request.request_id)
+        for st in self._requests.values():
+            if st.uid is None or st.first_token_s is not None or st.lease is None:
+                continue  # not started, decoding, or caching nothing (after a batch retry)
+            key = (req.request_id, st.request_id)
             common = self._common.get(key)
             if common is None:
                 common = self._common[key] = common_prefix_len(ids, st.request.prompt_token_ids) // bs * bs
-            covered = st.num_cached_tokens + (st.num_insert_prefilled if early else 0)
+            covered = st.num_computed_tokens if early else st.num_cached_tokens
             if common > covered // bs * bs:
                 return True
         return False
 
-    def _take_ready(self, request_id: str) -> tuple[Request, Sink] | None:
-        for i, (req, sink) in enumerate(self._ready):
-            if req.request_id == request_id:
-                return self._ready.pop(i)
-        return None
-
-    def _insert(self, req: Request, sink: Sink) -> None:
-        if self.pipeline is None:
-            self._insert_one(req, sink)
-            return
-        self.pipeline.before_insert(req)
-        self._inserting = sink  # not yet in _by_rid: fail_everything must still reach it
-        try:
-            self._insert_one(req, sink)
-        finally:
-            self._inserting = None
-
-    def _insert_one(self, req: Request, sink: Sink) -> None:
+    def _insert(self, st: RequestState) -> None:
+        if self.pipeline is not None:
+            self.pipeline.before_insert(st.request)
+        req = st.request
         tokens = req.prompt_token_ids
         p = req.sampling
-        rid = req.request_id
-        procs = [_guard_processor(rid, f, self._faults) for f in self.make_processors(p)]
-        sampler = _guard_sampler(rid, make_sampler(p), self._faults)
-        grammar = self.grammars.matcher(p.constraint) if p.constraint is not None else None
+        st.processors = [guard_processor(st, f, self._faulted) for f in self.make_processors(p)]
+        st.sampler = guard_sampler(st, make_sampler(p), self._faulted)
+        st.grammar = self.grammars.matcher(p.constraint) if p.constraint is not None else None
         pc = self.prefix_cache
         # A processor or a grammar changes the first token's log-probabilities: no stored ones.
-        first = pc.next_logprobs(tokens) if pc is not None and not procs and grammar is None else None
-        lease = pc.acquire(tokens, whole=first is not None, materialize=False) if pc is not None else None
+        first = pc.next_logprobs(tokens) if pc is not None and not st.processors and st.grammar is None else None
+        st.lease = lease = pc.acquire(tokens, whole=first is not None, materialize=False) if pc is not None else None
         try:
             if lease is not None and first is not None and lease.num_cached_tokens == len(tokens):
-                self._start_whole_hit(req, sink, lease, first, sampler)
+                self._start_whole_hit(st, first)
                 return
             if lease is not None:
                 pc.materialize(lease)  # type: ignore[union-attr]
-            num_cached = lease.num_cached_tokens if lease is not None else 0
+                st.num_cached_tokens, st.num_cached_tokens_cold = lease.num_cached_tokens, lease.num_cached_tokens_cold
+            num_cached = st.num_cached_tokens
             warn_if_slow(req.request_id, len(tokens) - num_cached, len(tokens), self.prefill_rate())
             caches = [lease.caches] if lease is not None and lease.caches is not None else None
             (uid,) = self._gen.insert_segments(
@@ -728,35 +642,23 @@ class Engine:
                 max_tokens=[p.max_tokens],
                 caches=caches,
                 all_tokens=[list(tokens[:num_cached])] if caches else None,
-                samplers=[sampler],
-                logits_processors=[procs],
+                samplers=[st.sampler],
+                logits_processors=[st.processors],
                 stop_sequences=[self._stop_sequences],
-                grammars=[grammar],
+                grammars=[st.grammar],
+                states=[st],
             )
         except Exception:
             if lease is not None and not lease.released:  # type: ignore[attr-defined]
                 pc.release(lease)  # type: ignore[union-attr]
+            st.lease = None
             raise
-        self._track(_Running(
-            request=req,
-            sink=sink,
-            uid=uid,
-            output=OutputState(self.make_detokenizer(p), p.stop),
-            lease=lease,
-            num_cached_tokens=num_cached,
-            num_cached_tokens_cold=lease.num_cached_tokens_cold if lease is not None else 0,
-            sampler=sampler,
-            processors=procs,
-            grammar=grammar,
-            num_prompt_to_prefill=len(tokens) - num_cached,
-        ))
-
-    def _track(self, st: _Running) -> None:
-        self._by_uid[st.uid] = st
-        self._by_rid[st.request.request_id] = st
+        st.start(uid, num_cached, len(tokens) - num_cached)
+        st.start_s = time.monotonic()
+        st.output = OutputState(self.make_detokenizer(p), p.stop)
         st.sink(Admitted(st.num_cached_tokens, st.num_cached_tokens_cold))
 
-    def _start_whole_hit(self, req: Request, sink: Sink, lease: PrefixLease, first: Any, sampler: Any) -> None:
+    def _start_whole_hit(self, st: RequestState, first: Any) -> None:
         """Start a request whose whole prompt is cached with its last position's log-probabilities.
 
         The first token is drawn by the request's own sampler from the stored array (the same
@@ -764,44 +666,46 @@ class Engine:
         the request continued in the batch from that token; a request that ends at its first
         token never touches the KV at all.
         """
+        req, lease = st.request, st.lease
+        assert lease is not None
         p = req.sampling
-        st = _Running(request=req, sink=sink, uid=-1, output=OutputState(self.make_detokenizer(p), p.stop),
-                      lease=lease, num_cached_tokens=lease.num_cached_tokens,
-                      num_cached_tokens_cold=lease.num_cached_tokens_cold, sampler=sampler)
-        sink(Admitted(st.num_cached_tokens, st.num_cached_tokens_cold))
-        token = int(sampler(first[None])[0].item())
-        fault = self._faults.pop(req.request_id, None)
-        if fault is not None:
+        st.num_cached_tokens, st.num_cached_tokens_cold = lease.num_cached_tokens, lease.num_cached_tokens_cold
+        st.start_s = time.monotonic()
+        st.num_computed_tokens = req.num_prompt_tokens
+        st.output = OutputState(self.make_detokenizer(p), p.stop)
+        st.sink(Admitted(st.num_cached_tokens, st.num_cached_tokens_cold))
+        token = int(st.sampler(first[None])[0].item())
+        if st.fault is not None:
+            fault, st.fault = st.fault, None
+            self._faulted.remove(st)
             raise fault
         st.first_token_s = time.monotonic()
         is_eos = token in self._eos
         if not is_eos:
-            st.num_generated = 1
-            st.generated_ids.append(token)
+            st.add_output_token(token)
             lp = self._logprob(st, token, first) if p.logprobs else None
             text = st.output.add(token, lp)
             if text:
                 ids, lps = st.output.take_tokens()
-                sink(TextDelta(text, ids, lps if p.logprobs else None))
+                st.sink(TextDelta(text, ids, lps if p.logprobs else None))
         if is_eos or st.output.matched_stop is not None or p.max_tokens <= 1:
-            self._by_rid[req.request_id] = st
             self._finish(st, "stop" if is_eos or st.output.matched_stop is not None else "length",
                          remove=False, prompt_cache=None, all_tokens=None)
             return
         self.prefix_cache.materialize(lease)  # type: ignore[union-attr]
-        (st.uid,) = self._gen.insert_segments(
+        (uid,) = self._gen.insert_segments(
             [[[token]]],
             max_tokens=[p.max_tokens - 1],
             caches=[lease.caches],
             all_tokens=[list(req.prompt_token_ids)],
-            samplers=[sampler],
+            samplers=[st.sampler],
             logits_processors=[[]],
             stop_sequences=[self._stop_sequences],
+            states=[st],
         )
-        self._by_uid[st.uid] = st
-        self._by_rid[req.request_id] = st
+        st.start(uid, req.num_prompt_tokens, 0)
 
-    def _logprob(self, st: _Running, token: int, logprobs: mx.array) -> TokenLogprob:
+    def _logprob(self, st: RequestState, token: int, logprobs: mx.array) -> TokenLogprob:
         k = st.request.sampling.top_logprobs
         value = logprobs[token].item()
         top: list[TokenLogprob] = []
@@ -819,8 +723,8 @@ class Engine:
         return TokenLogprob(token=raw.decode("utf-8", errors="replace"), logprob=value, bytes=list(raw))
 
     def _on_token(self, r: Any) -> None:
-        st = self._by_uid.get(r.uid)
-        if st is None:
+        st: RequestState | None = r.state
+        if st is None or st.finished:
             return
         now = time.monotonic()
         if st.first_token_s is None:
@@ -834,8 +738,7 @@ class Engine:
             st.speculation_off = st.speculation_off or r.draft[2]
         is_eos = r.finish_reason == "stop"
         if not is_eos:
-            st.num_generated += 1
-            st.generated_ids.append(int(r.token))
+            st.add_output_token(int(r.token))
             self._cache_decoded_block(st, r)
             lp = self._logprob(st, r.token, r.logprobs) if st.request.sampling.logprobs else None
             text = st.output.add(r.token, lp)
@@ -864,43 +767,34 @@ class Engine:
         does not (its followers see a sequence's caches only at its end)."""
         return getattr(self.prefix_cache, "cache_blocks", None) is not None
 
-    def _cache_blocks(self, st: _Running, caches: list[Any], num_tokens: int, state_at: int | None = None) -> None:
+    def _cache_blocks(self, st: RequestState, caches: list[Any], num_tokens: int, state_at: int | None = None) -> None:
         """Register ``st``'s full blocks among its first ``num_tokens`` tokens (KV in ``caches``;
         ``state_at``: where their state layers stand, when known exactly)."""
         try:
             self.prefix_cache.cache_blocks(  # type: ignore[union-attr]
-                st.lease, caches, list(st.request.prompt_token_ids) + st.generated_ids, num_tokens,
+                st.lease, caches, st.token_ids, num_tokens,
                 state_at=state_at,
                 prompt_end=num_tokens == st.request.num_prompt_tokens - (1 if self._gen.hold_last_token else 0))
         except Exception:
             logger.exception("could not cache the blocks of %s", st.request.request_id)
 
-    def _on_prefill_chunk(self, uid: int, caches: list[Any], num_tokens: int) -> None:
+    def _on_prefill_chunk(self, st: RequestState | None, caches: list[Any], num_tokens: int) -> None:
         """Runner hook: a prefill chunk finished; its full blocks go to the prefix cache now, so
         a request behind this one that shares the prefix hits them while this one runs."""
-        st = self._by_uid.get(uid)
-        if st is not None and st.lease is not None:
+        if st is not None and not st.finished and st.lease is not None:
             self._cache_blocks(st, caches, num_tokens, state_at=num_tokens)
 
-    def _cache_decoded_block(self, st: _Running, r: Any) -> None:
+    def _cache_decoded_block(self, st: RequestState, r: Any) -> None:
         """When decode fills a block, register it now (a long answer's blocks serve the next
         turn or a retry before the request ends)."""
-        num_kv = st.request.num_prompt_tokens + st.num_generated
+        num_kv = st.num_computed_tokens
         if st.lease is None or r.finish_reason is not None or num_kv % self.block_size or not self._caches_blocks_early():
             return
         caches = self._gen.decode_caches(r.uid)
         if caches is not None:
             self._cache_blocks(st, caches, num_kv)
 
-    def _count_prefilled(self, st: _Running, done: int) -> None:
-        """The runner reports ``done`` tokens of ``st``'s current insert prefilled: count the
-        prompt tokens among them into ``request.num_prefilled_tokens``."""
-        done = min(done, st.num_prompt_to_prefill)
-        if done > st.num_insert_prefilled:
-            st.request.num_prefilled_tokens += done - st.num_insert_prefilled
-            st.num_insert_prefilled = done
-
-    def _keep_prefilled_blocks(self, st: _Running) -> None:
+    def _keep_prefilled_blocks(self, st: RequestState) -> None:
         """Before a request leaves mid-prefill: run the chunk hooks still due (the last chunk's
         is queued until the next step), so every full block it computed stays in the prefix
         cache and a retry of the prompt resumes from there instead of from the last report."""
@@ -924,8 +818,8 @@ class Engine:
         now = time.monotonic()
         rate = self.prefill_rate()
         rows = []
-        for st in sorted(list(self._by_rid.values()), key=lambda s: s.start_s):
-            if st.first_token_s is not None or st.uid < 0:
+        for st in sorted(list(self._requests.values()), key=lambda s: s.start_s):
+            if st.first_token_s is not None or st.uid is None:
                 continue
             req = st.request
             elapsed = now - st.start_s
@@ -940,19 +834,19 @@ class Engine:
                 eta_s=left / tps if tps else None))
         return rows
 
-    def _observe_prefill(self, st: _Running, now: float) -> None:
+    def _observe_prefill(self, st: RequestState, now: float) -> None:
         """Give the cache's restore cost model a real prefill rate: only a request that was
         alone in the batch from insert to first token (no other request's steps in its time)."""
         observe = getattr(self.prefix_cache, "observe_prefill", None)
         num_tokens = len(st.request.prompt_token_ids) - st.num_cached_tokens
-        if observe is not None and len(self._by_uid) == 1 and num_tokens >= _MIN_OBSERVED_PREFILL:
+        alone = sum(s.uid is not None for s in self._requests.values()) == 1
+        if observe is not None and alone and num_tokens >= _MIN_OBSERVED_PREFILL:
             observe(num_tokens, now - st.start_s)
 
-    def _drop(self, st: _Running, *, remove: bool) -> None:
+    def _drop(self, st: RequestState, *, remove: bool) -> None:
         """Forget a request and free its batch row and lease, without any event."""
-        self._by_uid.pop(st.uid, None)
-        self._by_rid.pop(st.request.request_id, None)
-        if remove:
+        self._forget(st)
+        if remove and st.uid is not None:
             try:
                 self._gen.remove([st.uid])
             except Exception:
@@ -962,10 +856,14 @@ class Engine:
             st.lease = None
         self.scheduler.finish(st.request.request_id, RequestStatus.FAILED)
 
-    def _finish(self, st: _Running, reason: str, *, remove: bool, prompt_cache: Any, all_tokens: Any) -> None:
-        self._by_uid.pop(st.uid, None)
-        self._by_rid.pop(st.request.request_id, None)
-        if remove:
+    def _forget(self, st: RequestState) -> None:
+        """``st`` leaves the engine's table; later responses naming it are ignored."""
+        st.finished = True
+        self._requests.pop(st.request_id, None)
+
+    def _finish(self, st: RequestState, reason: str, *, remove: bool, prompt_cache: Any, all_tokens: Any) -> None:
+        self._forget(st)
+        if remove and st.uid is not None:
             self._gen.remove([st.uid])
         if reason == "length" and st.grammar is not None and not st.grammar.complete:
             logger.warning("request %s reached max_tokens (%d) inside its constrained output (%s): the output is "
@@ -993,7 +891,7 @@ class Engine:
         now = time.monotonic()
         usage = Usage(
             num_prompt_tokens=st.request.num_prompt_tokens,
-            num_completion_tokens=st.num_generated,
+            num_completion_tokens=st.num_output_tokens,
             num_cached_tokens=st.num_cached_tokens,
             num_cached_tokens_cold=st.num_cached_tokens_cold,
             ttft_s=(st.first_token_s - st.request.arrival_s) if st.first_token_s else None,

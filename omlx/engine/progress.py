@@ -81,7 +81,7 @@ def prefill_rate(cost: Any | None, chunk_ms: dict[int, float] | None, chunk_toke
     Args:
         cost: the prefix cache's `omlx.cache.tiered.RestoreCostModel` (``prefill_tokens_per_s``,
             ``prefill_measured``, ``num_prefill_samples``), or None.
-        chunk_ms: `omlx.engine.runner.StepSizes.chunk_ms` (ms per chunk, by chunk size), or None.
+        chunk_ms: `omlx.engine.step_sizes.StepSizes.chunk_ms` (ms per chunk, by chunk size), or None.
         chunk_tokens: the prefill chunk size the engine runs alone.
     """
     if cost is not None and getattr(cost, "num_prefill_samples", 0) > 0:

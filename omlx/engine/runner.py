@@ -52,14 +52,12 @@ Must not: know about requests, HTTP, or the prefix cache's internals (it reports
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
@@ -76,10 +74,10 @@ logger = logging.getLogger(__name__)
 
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
-#: ``(uid, caches, num_tokens)``: a prefill chunk of sequence ``uid`` finished; ``caches`` are
-#: its batch-1 caches as they stood right after it (`omlx.engine.cache_spec.freeze`): KV for its
+#: ``(state, caches, num_tokens)``: a prefill chunk of the sequence inserted with ``state`` (None
+#: when it was inserted without one) finished; ``caches`` are its batch-1 caches as they stood right after it (`omlx.engine.cache_spec.freeze`): KV for its
 #: first ``num_tokens`` tokens (cached prefix included), state layers at ``num_tokens``.
-ChunkHook = Callable[[int, list[Any], int], None]
+ChunkHook = Callable[[Any, list[Any], int], None]
 
 #: Release MLX's buffer cache every this many decode steps (as ``generate_step`` does).
 _CLEAR_CACHE_EVERY = 256
@@ -113,11 +111,13 @@ class PromptResponse:
         progress: (tokens prefilled, tokens to prefill) of what was inserted, cached prefix
             excluded.
         end_of_prompt: the last chunk ran; the first output token follows.
+        state: what the sequence was inserted with (``insert_segments``'s ``states``), or None.
     """
 
     uid: int
     progress: tuple[int, int]
     end_of_prompt: bool
+    state: Any = None
 
 
 class TokenResponse:
@@ -136,13 +136,14 @@ class TokenResponse:
             switched_off)``: draft tokens checked in that step, how many of them matched (they
             follow this token in the same step), and whether speculation was switched off for
             the sequence after it for low acceptance; else None.
+        state: what the sequence was inserted with (``insert_segments``'s ``states``), or None.
     """
 
-    __slots__ = ("uid", "token", "finish_reason", "prompt_cache", "all_tokens", "draft", "_lp", "_row")
+    __slots__ = ("uid", "state", "token", "finish_reason", "prompt_cache", "all_tokens", "draft", "_lp", "_row")
 
-    def __init__(self, uid: int, token: int, lp: mx.array, row: int, finish_reason: str | None = None,
+    def __init__(self, seq: _Seq, token: int, lp: mx.array, row: int, finish_reason: str | None = None,
                  prompt_cache: list[Any] | None = None, all_tokens: list[int] | None = None):
-        self.uid, self.token, self._lp, self._row = uid, token, lp, row
+        self.uid, self.state, self.token, self._lp, self._row = seq.uid, seq.state, token, lp, row
         self.finish_reason, self.prompt_cache, self.all_tokens = finish_reason, prompt_cache, all_tokens
         self.draft: tuple[int, int, bool] | None = None
 
@@ -153,6 +154,8 @@ class TokenResponse:
 
 @dataclass(slots=True, eq=False)
 class _Seq:
+    """The runner's record of one sequence (its caches, prefill and decode progress)."""
+
     uid: int
     cache: list[Any]  # batch-1 caches while prefilling or alone; [] while in a merged batch
     tokens: list[int]  # tokens whose KV is (or is being) written, cached prefix included
@@ -169,6 +172,9 @@ class _Seq:
     drafting: Drafting | None = None  # set at its first chance to speculate
     spec_off: bool = False  # not eligible, or switched off for low acceptance
     y_known: int | None = None  # the token to feed next, already read by a verify step
+    # The caller's record of this sequence (the engine's `RequestState`), opaque here: handed
+    # back on its responses and chunk reports, so the caller never looks a uid up.
+    state: Any = None
 
 
 @dataclass(slots=True, eq=False)
@@ -294,7 +300,7 @@ class BatchRunner:
         self._emitted = False  # self._y was read and emitted already (`_emit_first`): feed it only
         self._lp: mx.array | None = None  # (B, V) their log-probabilities
         self._num_steps = 0
-        self._reports: list[tuple[int, list[Any], int]] = []  # chunk hooks due after the next step
+        self._reports: list[tuple[Any, list[Any], int]] = []  # chunk hooks due after the next step
         self.num_prefill_tokens = 0  # tokens prefilled (cached prefixes excluded), all time
         self.num_draft_tokens = max(0, num_draft_tokens)
         self.num_spec_steps = 0  # drafts checked (one per speculating row of a verify step), all time
@@ -324,6 +330,7 @@ class BatchRunner:
         logits_processors: list[list[Processor]] | None = None,
         stop_sequences: list[Any] | None = None,
         grammars: list[GrammarMatcher | None] | None = None,
+        states: list[Any] | None = None,
     ) -> list[int]:
         """Queue sequences for prefill.
 
@@ -337,6 +344,8 @@ class BatchRunner:
             samplers, logits_processors, stop_sequences: per sequence (mlx-lm's kinds).
             grammars: per sequence, its grammar matcher (constrained decoding) or None; the
                 runner must have been given ``grammars``.
+            states: per sequence, the caller's record of it (opaque), handed back as the
+                ``state`` of its responses and chunk reports; None when not given.
 
         Returns:
             The new sequences' uids.
@@ -347,7 +356,8 @@ class BatchRunner:
         """
         n = len(segments)
         opts = {"max_tokens": max_tokens, "caches": caches, "all_tokens": all_tokens, "samplers": samplers,
-                "logits_processors": logits_processors, "stop_sequences": stop_sequences, "grammars": grammars}
+                "logits_processors": logits_processors, "stop_sequences": stop_sequences, "grammars": grammars,
+                "states": states}
         if grammars and any(g is not None for g in grammars) and self.grammars is None:
             raise ValueError("a sequence has a grammar matcher, but this runner was made without grammars")
         for k, v in opts.items():
@@ -368,7 +378,8 @@ class BatchRunner:
             stops = (stop_sequences[i] if stop_sequences else None) or self._default_stops
             new.append(_Seq(uid=self._next_uid + i, cache=cache, tokens=prefix, pending=prompt,
                             num_prompt=len(prompt), max_tokens=m, sampler=sampler, processors=procs,
-                            matcher=stops.matcher(), grammar=grammars[i] if grammars else None))
+                            matcher=stops.matcher(), grammar=grammars[i] if grammars else None,
+                            state=states[i] if states else None))
         self._next_uid += n
         self._prefill.extend(new)
         return [s.uid for s in new]
@@ -491,7 +502,7 @@ class BatchRunner:
         return prompt_resps, gen_resps
 
     def _emit_first(self, rows: list[_Seq], y_in: mx.array, lp_in: mx.array,
-                    reports: list[tuple[int, list[Any], int]]) -> tuple[list[PromptResponse], list[TokenResponse]]:
+                    reports: list[tuple[Any, list[Any], int]]) -> tuple[list[PromptResponse], list[TokenResponse]]:
         """A step in which sequences joined an empty decode batch with no prompt left to
         prefill: emit ``y_in`` (their first tokens) before queuing the decode step that feeds
         it, which the next step queues without emitting again (``self._emitted``). With other
@@ -572,8 +583,8 @@ class BatchRunner:
             self._prefill.popleft()
             s.cache = []
             if self.on_prefill_chunk is not None:
-                self._reports.append((s.uid, [_row_view(c, row, p, longest) for c in cache], len(s.tokens)))
-            out.append(PromptResponse(s.uid, (s.num_prompt, s.num_prompt), True))
+                self._reports.append((s.state, [_row_view(c, row, p, longest) for c in cache], len(s.tokens)))
+            out.append(PromptResponse(s.uid, (s.num_prompt, s.num_prompt), True, s.state))
         self._joining.append(_Joining(group, cache, y, lp, batched=True))
         return out
 
@@ -630,7 +641,7 @@ class BatchRunner:
             # No sync: the chunk runs while the host builds the next step's graph.
             mx.async_eval([c.state for c in s.cache])
             self._report(s, len(s.tokens))
-            return [PromptResponse(s.uid, (done, s.num_prompt), False)]
+            return [PromptResponse(s.uid, (done, s.num_prompt), False, s.state)]
         pad = padded_length(n) - n if self.pad_shapes and self._plain_kv(s) else 0
         if pad:
             x = mx.concatenate([x, mx.zeros((1, pad), dtype=mx.uint32)], axis=1)
@@ -647,7 +658,7 @@ class BatchRunner:
         self._prefill.popleft()
         self._joining.append(_Joining([s], s.cache, y, lp, batched=False))
         s.cache = []
-        return [PromptResponse(s.uid, (done, s.num_prompt), True)]
+        return [PromptResponse(s.uid, (done, s.num_prompt), True, s.state)]
 
     def _report(self, s: _Seq, num_tokens: int) -> None:
         """Queue the chunk hook; it runs at the end of the next step, when the chunk's KV has
@@ -655,7 +666,7 @@ class BatchRunner:
         if self.on_prefill_chunk is not None:
             # Frozen: by the time the hook runs, the next chunk may have moved a window layer's
             # cache on and replaced a state layer's arrays.
-            self._reports.append((s.uid, freeze(s.cache), num_tokens))
+            self._reports.append((s.state, freeze(s.cache), num_tokens))
 
     def flush_reports(self) -> None:
         """Run the chunk hooks still due now (before a new sequence's prefix lookup, so it sees
@@ -663,9 +674,9 @@ class BatchRunner:
         reports, self._reports = self._reports, []
         self._run_reports(reports)
 
-    def _run_reports(self, reports: list[tuple[int, list[Any], int]]) -> None:
-        for uid, caches, n in reports:
-            self.on_prefill_chunk(uid, caches, n)  # type: ignore[misc]
+    def _run_reports(self, reports: list[tuple[Any, list[Any], int]]) -> None:
+        for state, caches, n in reports:
+            self.on_prefill_chunk(state, caches, n)  # type: ignore[misc]
 
     # ---- decode batch ---------------------------------------------------------------------
 
@@ -716,7 +727,7 @@ class BatchRunner:
             if s is _DEAD:
                 continue
             reason = self._advance(s, t)
-            r = TokenResponse(s.uid, t, lp_in, i, reason)
+            r = TokenResponse(s, t, lp_in, i, reason)
             if reason is not None:  # rows is self._rows as it stands until _drop_rows below
                 r.prompt_cache = self._extract(i) if self.finished_caches else None
                 r.all_tokens = list(s.tokens)
@@ -798,7 +809,7 @@ class BatchRunner:
             emitted = [(y, lp_in, i)] + [(d[j], v.lp_positions[i], j) for j in range(a)]
             for e, (t, arr, row) in enumerate(emitted):
                 reason = self._advance(s, t)
-                r = TokenResponse(s.uid, t, arr, row, reason)
+                r = TokenResponse(s, t, arr, row, reason)
                 out.append(r)
                 if e == 0 and d:
                     r.draft = (len(d), a, s.spec_off)
@@ -923,113 +934,3 @@ def _row_view(c: Any, row: int, pad: int, end: int) -> KVCache:
     k, vv = c.keys[row : row + 1, :, pad:end], c.values[row : row + 1, :, pad:end]
     v.state = (k, vv, end - pad)
     return v
-
-
-@dataclass(frozen=True, slots=True)
-class StepSizes:
-    """Prefill chunk sizes chosen for this model on this device (`measure_step_sizes`).
-
-    Attributes:
-        prefill_step_size: tokens per chunk while nothing decodes (multiple of the block size).
-        mixed_step_size: tokens per chunk while other sequences decode (about one decode step).
-        decode_step_ms: one batch-1 decode step, measured.
-        chunk_ms: measured time of one chunk, by chunk size in tokens.
-    """
-
-    prefill_step_size: int
-    mixed_step_size: int
-    decode_step_ms: float
-    chunk_ms: dict[int, float]
-
-
-def measure_step_sizes(model: Any, block_size: int, *, max_step: int = 4096, min_gain: float = 1.1,
-                       max_probe_s: float = 0.25) -> StepSizes:
-    """Choose the prefill chunk sizes by timing forward passes of this model on this device.
-
-    Chunks of 32, 64, 128, ... tokens are timed (best of two: the first run of a shape may
-    include compiling its kernels) until one takes over
-    ``max_probe_s`` or ``max_step`` is reached. The alone size is the shortest chunk, at least
-    ``block_size``, whose tokens/s is within ``min_gain`` of the best size's: an accelerator
-    needs long chunks to be efficient, a CPU is compute-bound long before a block and keeps
-    ``block_size``. (Stopping at the first doubling that gained too little let one slow probe
-    decide: on an H200, 1,024 tokens once timed 30 ms against 10 ms for 512 and the alone size
-    came out at 512, where 2,048 runs at 25 ms.) The mixed size is the longest chunk (at least 32 tokens) that costs at
-    most twice the larger of a batch-1 decode step and the cheapest chunk: on an accelerator a
-    short chunk is nearly all fixed cost (3B model, H200: 32 to 512 tokens ~11 ms, 2048 ~26 ms;
-    beside a decoding stream a step took 22-27 ms with a 128-token chunk and 30 ms with 2048,
-    `benchmarks/diag_interference.py`), so tiny chunks would only stretch a prefill over many
-    slowed steps; on a CPU, where time grows with every token, it stays short. Costs a few forward passes (a fraction of a second on an
-    accelerator; ~1.5 s on 2 CPU cores with a 135M model).
-    """
-    def timed(n: int, cache_tokens: int = 0) -> float:
-        best = float("inf")
-        for _ in range(2):  # the first run of a shape may include compiling its kernels (CUDA JIT)
-            cache = make_prompt_cache(model)
-            if cache_tokens:
-                model(mx.array([[11 + i for i in range(cache_tokens)]]), cache=cache)
-                mx.eval([c.state for c in cache])
-            x = mx.array([[11 + (i * 7919) % 997 for i in range(n)]])
-            t0 = time.perf_counter()
-            mx.eval(model(x, cache=cache)[:, -1, :])
-            best = min(best, time.perf_counter() - t0)
-        return best
-
-    with mx.stream(generation_stream):
-        timed(8)  # compile / warm up kernels
-        decode_s = timed(1, cache_tokens=16)
-        chunk: dict[int, float] = {}
-        mixed, n = 32, 32
-        while n <= max_step:
-            chunk[n] = t = timed(n)
-            if t <= 2 * max(decode_s, min(chunk.values())):
-                mixed = n
-            if t > max_probe_s:
-                break
-            n *= 2
-    mx.clear_cache()
-    alone = alone_step_size(chunk, block_size, min_gain)
-    return StepSizes(alone, min(mixed, alone), decode_s * 1e3, {k: v * 1e3 for k, v in sorted(chunk.items())})
-
-
-def alone_step_size(chunk_s: dict[int, float], block_size: int, min_gain: float = 1.1) -> int:
-    """The shortest chunk size (tokens, at least ``block_size``) whose tokens/s, by the timings
-    ``chunk_s`` (size -> seconds), is within ``min_gain`` of the best size's."""
-    rates = {k: k / v for k, v in chunk_s.items() if k >= block_size and v > 0}
-    if not rates:
-        return block_size
-    best = max(rates.values())
-    return max(block_size, min(k for k, r in rates.items() if r * min_gain >= best))
-
-
-_MEASURED: dict[tuple, StepSizes] = {}
-_MEASURED_LOCK = threading.Lock()
-
-
-def model_shape_key(model: Any) -> tuple:
-    """What decides a model's step times on this device: its class, its arguments (mlx-lm's
-    ``model.args``), the dtypes and byte count of its weights, and MLX's default device.
-    Two loads of the same model (or of copies of it) have the same key."""
-    params = tree_flatten(model.parameters())
-    dtypes = tuple(sorted({str(v.dtype) for _, v in params}))
-    nbytes = sum(v.nbytes for _, v in params)
-    return (type(model).__module__, type(model).__qualname__, repr(getattr(model, "args", None)),
-            dtypes, nbytes, str(mx.default_device()))
-
-
-def measured_step_sizes(model: Any, block_size: int, *, max_step: int = 4096) -> tuple[StepSizes, bool]:
-    """`measure_step_sizes`, once per model shape and device in this process.
-
-    Returns:
-        (sizes, reused): ``reused`` is True when an earlier load of a model with the same
-        `model_shape_key` was measured. Measuring again on every load would cost ~2 s on a
-        CPU and, each time, leave a few MB of freed chunk buffers fragmented in the process's
-        heap (RSS grew ~8 MB per load of a 135M model on Linux).
-    """
-    key = (model_shape_key(model), block_size, max_step)
-    with _MEASURED_LOCK:
-        if key in _MEASURED:
-            return _MEASURED[key], True
-    sizes = measure_step_sizes(model, block_size, max_step=max_step)
-    with _MEASURED_LOCK:
-        _MEASURED[key] = sizes
-    return sizes, False

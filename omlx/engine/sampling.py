@@ -3,14 +3,15 @@
 Greedy requests share one sampler object so omlx's BatchRunner samples them in one
 batched call; a request with temperature > 0 gets its own sampler. A ``seed`` gives the
 request its own PRNG key chain (``mx.random.split``), so its samples do not depend on what
-else is in the batch.
+else is in the batch. `guard_sampler` and `guard_processor` wrap a request's own ones so their
+exception is recorded on its `RequestState` and fails that request alone.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import mlx.core as mx
 from mlx_lm.sample_utils import (
@@ -23,6 +24,9 @@ from mlx_lm.sample_utils import (
 )
 
 from omlx.request import SEED_MAX, SEED_MIN, SamplingParams
+
+if TYPE_CHECKING:
+    from omlx.engine.request_state import RequestState
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -148,3 +152,49 @@ def make_processors(params: SamplingParams) -> list[Callable[[mx.array, mx.array
         frequency_penalty=params.frequency_penalty or None,
         frequency_context_size=ctx,
     )
+
+
+# ---- fault isolation: a request's own sampler and processors, guarded ---------------------------
+
+
+def guard_processor(st: RequestState, proc: Any, faulted: list[RequestState]) -> Any:
+    """A logits processor whose exception is recorded on ``st`` (logits pass through), so only
+    that request fails, after the step."""
+
+    def guarded(tokens: mx.array, logits: mx.array) -> mx.array:
+        try:
+            return proc(tokens, logits)
+        except Exception as e:  # attributed: only this request fails, after the step
+            st.record_fault(e, faulted)
+            return logits
+
+    return guarded
+
+
+def guard_sampler(st: RequestState, sampler: Any, faulted: list[RequestState]) -> Any:
+    """A per-request sampler whose exception is recorded on ``st`` (argmax stands in)."""
+    if sampler is greedy_sampler:  # shared by greedy requests so they sample in one batched call
+        return sampler
+    return _GuardedSampler(st, sampler, faulted)
+
+
+class _GuardedSampler:
+    """`guard_sampler`'s wrapper; passes a `RequestSampler`'s ``draw``/``keep`` (speculation) on."""
+
+    __slots__ = ("_st", "_sampler", "_faulted", "draw", "keep")
+
+    def __init__(self, st: RequestState, sampler: Any, faulted: list[RequestState]):
+        self._st, self._sampler, self._faulted = st, sampler, faulted
+        if hasattr(sampler, "draw"):
+            self.draw = lambda lp: self._guarded(sampler.draw, lp)
+            self.keep = sampler.keep
+
+    def _guarded(self, fn: Any, logprobs: mx.array) -> mx.array:
+        try:
+            return fn(logprobs)
+        except Exception as e:
+            self._st.record_fault(e, self._faulted)
+            return mx.argmax(logprobs, axis=-1)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return self._guarded(self._sampler, logprobs)

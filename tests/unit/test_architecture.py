@@ -35,7 +35,9 @@ PURE = ["cache/hashing.py", "cache/paged.py", "scheduler.py", "cluster/plan.py",
         "cluster/membership.py", "cluster/control.py", "cluster/launcher.py", "cluster/agent.py",
         "cluster/serving.py", "units.py",
         # the cluster front's stream relay: bytes in, bytes out
-        "api/sse_relay.py"]
+        "api/sse_relay.py",
+        # the one request state the engine, the runner and (to come) the scheduler read
+        "engine/request_state.py"]
 
 
 #: omlx/pool/, its face first, then its parts from the front down: a part imports only parts after

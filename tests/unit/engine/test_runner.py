@@ -14,7 +14,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from omlx.engine.runner import BatchRunner, measure_step_sizes
+from omlx.engine.runner import BatchRunner
+from omlx.engine.step_sizes import measure_step_sizes
 
 VOCAB = 49152
 
@@ -93,14 +94,14 @@ def test_prefill_chunks_end_at_absolute_multiples_of_the_chunk_size_and_report_e
 
     calls: list[tuple[int, int]] = []
     runner = BatchRunner(model, stop_tokens=[], prefill_step_size=128, block_size=64,
-                         on_prefill_chunk=lambda uid, caches, n: calls.append((uid, n)))
+                         on_prefill_chunk=lambda state, caches, n: calls.append((state, n)))
     prefix, rest = prompts([64, 250])
     cache = make_prompt_cache(model)
     model(mx.array([prefix]), cache=cache)  # a block-aligned "hit" of 64 tokens
-    (uid,) = runner.insert_segments([[rest]], max_tokens=[2], caches=[cache], all_tokens=[prefix])
+    runner.insert_segments([[rest]], max_tokens=[2], caches=[cache], all_tokens=[prefix], states=["a"])
     while len(runner):
         runner.next()
-    assert calls == [(uid, 128), (uid, 256), (uid, 314)]
+    assert calls == [("a", 128), ("a", 256), ("a", 314)]
     assert runner.num_prefill_tokens == 250
 
 
@@ -121,7 +122,7 @@ def test_step_sizes_are_measured_within_their_bounds(model):
 
 
 def test_the_alone_chunk_size_is_the_shortest_near_the_best_rate_not_the_first_stall():
-    from omlx.engine.runner import alone_step_size
+    from omlx.engine.step_sizes import alone_step_size
 
     # H200, 3B model, 2026-12-04: one slow probe at 1,024 tokens must not stop the choice at 512.
     h200 = {32: 0.012, 64: 0.0128, 128: 0.0087, 256: 0.0081, 512: 0.0102, 1024: 0.0303, 2048: 0.0251}
@@ -282,7 +283,7 @@ def test_a_block_filled_by_decode_is_cached_before_the_request_ends(model, token
 
 def test_step_sizes_measured_once_per_model_shape(model, monkeypatch):
     """A second load of the same model shape reuses the measurement (no new forward passes)."""
-    from omlx.engine import runner
+    from omlx.engine import step_sizes as runner
 
     monkeypatch.setattr(runner, "_MEASURED", {})
     first, reused = runner.measured_step_sizes(model, 64, max_step=256)
@@ -302,7 +303,7 @@ def test_hold_last_token_prefills_the_last_prompt_token_alone(model):
     calls: list[int] = []
     (p,) = prompts([100], seed=3)
     runner = BatchRunner(model, stop_tokens=[], prefill_step_size=64, block_size=32, hold_last_token=True,
-                         on_prefill_chunk=lambda uid, caches, n: calls.append(n))
+                         on_prefill_chunk=lambda state, caches, n: calls.append(n))
     got = drive(runner, {0: [("a", p)]}, max_tokens=6)
     assert calls == [64, 99, 100]
     assert got["a"] == reference(model, p, 6)
@@ -337,22 +338,23 @@ def test_the_gpu_warm_up_batch_runs_together_and_each_request_equals_generate_st
 def test_short_fresh_prompts_queued_together_prefill_in_one_step_and_match_generate_step(model):
     calls: list[tuple[int, int, int]] = []
 
-    def hook(uid, caches, n):
-        calls.append((uid, n, caches[0].offset))
+    def hook(state, caches, n):
+        calls.append((state, n, caches[0].offset))
         assert caches[0].keys.shape[2] == n  # a batch-1 view of its own row, no padding
 
     p = prompts([5, 17, 40, 3])
     runner = BatchRunner(model, stop_tokens=[], prefill_step_size=256, block_size=64, on_prefill_chunk=hook)
-    uids = runner.insert_segments([[x] for x in p], max_tokens=[12] * 4)
+    uids = runner.insert_segments([[x] for x in p], max_tokens=[12] * 4, states=["a", "b", "c", "d"])
     runner.next()
     assert runner.num_prefilling == 0 and runner.num_prefill_tokens == 65  # one forward pass
     got = {u: [] for u in uids}
     while len(runner):
         for r in runner.next()[1]:
             got[r.uid].append(r.token)
+            assert r.state == "abcd"[uids.index(r.uid)]  # each response names its sequence's state
     for u, x in zip(uids, p):
         assert got[u] == reference(model, x, 12)
-    assert sorted(calls) == sorted((u, len(x), len(x)) for u, x in zip(uids, p))
+    assert sorted(calls) == sorted((u, len(x), len(x)) for u, x in zip("abcd", p))
 
 
 def test_a_prefill_batch_beside_decoding_rows_and_a_removal_while_joining_stay_exact(model):
