@@ -66,7 +66,7 @@ class PrefixCache(Protocol):
 
     def acquire(self, token_ids: list[int], *, whole: bool = False, materialize: bool = True) -> PrefixLease: ...
 
-    def materialize(self, lease: PrefixLease) -> None: ...
+    def materialize(self, lease: PrefixLease, *, room: int = 1) -> None: ...
 
     def next_logprobs(self, token_ids: list[int]) -> Any | None: ...
 
@@ -718,8 +718,8 @@ class Engine:
             if lease is not None and first is not None and lease.num_cached_tokens == len(tokens):
                 self._start_whole_hit(req, sink, lease, first, sampler)
                 return
-            if lease is not None:
-                pc.materialize(lease)  # type: ignore[union-attr]
+            if lease is not None:  # room for the rest of the prompt: its prefill writes in place
+                pc.materialize(lease, room=len(tokens) - lease.num_cached_tokens)  # type: ignore[union-attr]
             num_cached = lease.num_cached_tokens if lease is not None else 0
             warn_if_slow(req.request_id, len(tokens) - num_cached, len(tokens), self.prefill_rate())
             caches = [lease.caches] if lease is not None and lease.caches is not None else None
