@@ -26,6 +26,17 @@ It goes through the openai SDK (``chat.completions.create``, streamed, greedy) t
 Per request: the client's TTFT (send to the first streamed delta with text or a tool call), and
 from ``/v1/admin/recent`` the server's ``ttft_ms``, prompt / cached / cold-cached tokens.
 
+Measured (2026-12-07 22:25-23:13 UTC; the 2-core AMD EPYC VM, x86_64, 24 GiB, MLX 0.32.4 CPU,
+OpenBLAS; other agents' tests beside it, load average given per figure; server TTFTs from
+``/v1/admin/recent``; rows in ``benchmarks/results/long_prefix_restore-{cold,before,after}-*-20261207-*.json``):
+
+- cold: 18,721 tokens, 18,718 prefilled, 1,530 s (12-18 tok/s; load 1.3-6).
+- ``--reuse --reps 3 --restarts 2`` from a copy of that cache, four runs of each commit alternated
+  (load 2.6-5.1): after the copy cut (``d6518fb``) RAM hits 2.09-9.53 s, SSD hits 2.88-13.1 s;
+  before it (``553221b``) RAM 2.17-7.31 s, SSD 2.93-8.17 s. The load swings more than the code
+  moves: `diag_interleaved_hits.py` compares the two commits request by request (after: 17 of 20
+  RAM hits faster, by 0.49 s at the median; README, issue 27).
+
 Usage:
     python benchmarks/bench_long_prefix_restore.py --work-dir /tmp/long-prefix [--reuse] [--reps 3] [--restarts 2]
 """

@@ -18,6 +18,12 @@ tier's format: ``--block-size``-token payloads ``{"kv": (layers, 2, kv_heads, to
 in the model's dtype. Times: ``build`` (materialize, evaluated), ``forward`` (``--new-tokens``
 tokens over the prefix, to the last position's logits), ``total`` (both), each ``--reps`` times.
 
+Measured (2026-12-07 23:06 UTC, the 2-core AMD EPYC VM, OpenBLAS, MLX 0.32.4 CPU, other agents'
+tests beside it, load 2.9-4.0; ``benchmarks/results/restore_copy-20261207-230647.json``), 18,688
+tokens, 6 repeats: ``room`` build 0.28-0.36 s, total 2.51-4.35 s (median 2.85); ``views`` build
+0.24-0.44 s, total 2.39-10.0 s (median 2.97). The second copy (459 MB) is within the load's noise
+here; timed alone it took 0.18-0.62 s.
+
 Usage::
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 .venv/bin/python benchmarks/diag_restore_copy.py \\
