@@ -1,10 +1,18 @@
 """A long cached prefix restored: TTFT of an ~18.7k-token agent prompt, cold, from RAM, from SSD (issue 27).
 
-No Claude Code needed. The prompt is shaped like Claude Code's default first request: a system
-prompt of ~``--prompt-tokens`` tokens (real source text: this repository's ``omlx/`` modules,
-in path order) plus the 24 tools of the recorded Claude Code request
-(``tests/fixtures/client_requests/claude_code__messages_stream_tool_turn1.json``, its
-``<text N chars>`` placeholders filled), then a short user question that differs per request (and from every earlier run's).
+No Claude Code needed. The prompt is shaped like Claude Code's default first request: the 24 tools of
+the recorded Claude Code request (``tests/fixtures/client_requests/claude_code__messages_stream_tool_turn1.json``,
+its ``<text N chars>`` placeholders filled with the fixture's words in order) and a system prompt cut
+so that the whole prompt before the question is ~``--prompt-tokens`` tokens (about 5.4k of system text
+and 13.3k of tools at the default 18,700), then a short user question that differs per request (and
+from every earlier run's).
+
+The text is fixed: ``benchmarks/fixtures/long_prefix_source.txt`` (92 KB, real code: the head of this
+repository's ``omlx/`` modules in path order, each under a ``## path`` heading, frozen at commit
+9210a65), so the prompt's tokens are the same at every commit and a cache filled at one commit is hit
+at another. (Until then the text was read from the live source, and any change to the first ~75 KB
+of ``omlx/`` made the kept cache miss.) It holds enough for ``--prompt-tokens`` up to the model's 32k
+context.
 It goes through the openai SDK (``chat.completions.create``, streamed, greedy) to a real
 ``omlx serve`` of Qwen2.5-Coder-0.5B-Instruct:
 
@@ -17,6 +25,17 @@ It goes through the openai SDK (``chat.completions.create``, streamed, greedy) t
 
 Per request: the client's TTFT (send to the first streamed delta with text or a tool call), and
 from ``/v1/admin/recent`` the server's ``ttft_ms``, prompt / cached / cold-cached tokens.
+
+Measured (2026-12-07 22:25-23:13 UTC; the 2-core AMD EPYC VM, x86_64, 24 GiB, MLX 0.32.4 CPU,
+OpenBLAS; other agents' tests beside it, load average given per figure; server TTFTs from
+``/v1/admin/recent``; rows in ``benchmarks/results/long_prefix_restore-{cold,before,after}-*-20261207-*.json``):
+
+- cold: 18,721 tokens, 18,718 prefilled, 1,530 s (12-18 tok/s; load 1.3-6).
+- ``--reuse --reps 3 --restarts 2`` from a copy of that cache, four runs of each commit alternated
+  (load 2.6-5.1): after the copy cut (``d6518fb``) RAM hits 2.09-9.53 s, SSD hits 2.88-13.1 s;
+  before it (``553221b``) RAM 2.17-7.31 s, SSD 2.93-8.17 s. The load swings more than the code
+  moves: `diag_interleaved_hits.py` compares the two commits request by request (after: 17 of 20
+  RAM hits faster, by 0.49 s at the median; README, issue 27).
 
 Usage:
     python benchmarks/bench_long_prefix_restore.py --work-dir /tmp/long-prefix [--reuse] [--reps 3] [--restarts 2]
@@ -40,6 +59,7 @@ import common as C  # noqa: E402
 from bench_ssd_cache import drop_page_cache, wait_written  # noqa: E402
 
 REPO = C.REPO
+SOURCE_FIXTURE = REPO / "benchmarks" / "fixtures" / "long_prefix_source.txt"
 FIXTURE = REPO / "tests" / "fixtures" / "client_requests" / "claude_code__messages_stream_tool_turn1.json"
 DEFAULT_MODEL = C.TEST_HOME / "models" / "Qwen2.5-Coder-0.5B-Instruct"
 QUESTIONS = ["What is the capital of France? Answer in one word.", "What is 6 times 7? Answer with a number.",
@@ -49,11 +69,9 @@ QUESTIONS = ["What is the capital of France? Answer in one word.", "What is 6 ti
 
 
 def source_text() -> str:
-    """Real text for the system prompt: the package's modules in path order, each under a heading."""
-    parts = []
-    for p in sorted((REPO / "omlx").rglob("*.py")):
-        parts.append(f"## {p.relative_to(REPO)}\n{p.read_text()}")
-    return "\n".join(parts)
+    """Real text for the system prompt and the tools' placeholders, the same at every commit: the head of
+    this package's modules in path order, each under a heading, frozen in a fixture."""
+    return SOURCE_FIXTURE.read_text(encoding="utf-8")
 
 
 def build_prompt(prompts: C.Prompts, num_tokens: int) -> tuple[str, list[dict[str, Any]]]:
@@ -65,7 +83,10 @@ def build_prompt(prompts: C.Prompts, num_tokens: int) -> tuple[str, list[dict[st
     def fill(m: re.Match[str]) -> str:
         n, out = int(m.group(1)), []
         while sum(len(w) + 1 for w in out) < n:
-            out.append(next(filler))
+            w = next(filler, None)
+            if w is None:
+                raise SystemExit(f"{SOURCE_FIXTURE} has too few words for the tools' placeholders")
+            out.append(w)
         return " ".join(out)[:n]
 
     body = json.loads(re.sub(r"<text (\d+) chars>", fill, FIXTURE.read_text()))["body"]

@@ -191,8 +191,8 @@ class ClusterPrefixCache:
             raise EngineError("cluster prefix cache: an insert carries caches of no pending lease")
         return last.lease_id if last is not None else None
 
-    def materialize(self, lease: PrefixLease) -> None:
-        self.tiers.materialize(lease)
+    def materialize(self, lease: PrefixLease, *, room: int = 1) -> None:
+        self.tiers.materialize(lease, room=room)
 
     def next_logprobs(self, token_ids: list[int]) -> Any | None:
         return self.tiers.next_logprobs(token_ids) if self.allow_whole else None
@@ -293,7 +293,7 @@ class FollowerPrefixCache:
                               "the prompt it looked up: the ranks disagree; stopping the pipeline")
         if n == 0 or lease is None or self.tiers is None:
             return None, None
-        self.tiers.materialize(lease)
+        self.tiers.materialize(lease, room=len(rest))
         return [lease.caches], [tokens[:n]]
 
     def inserted(self, msg: dict[str, Any], uid: int) -> None:

@@ -68,7 +68,7 @@ class PrefixCache(Protocol):
 
     def acquire(self, token_ids: list[int], *, whole: bool = False, materialize: bool = True) -> PrefixLease: ...
 
-    def materialize(self, lease: PrefixLease) -> None: ...
+    def materialize(self, lease: PrefixLease, *, room: int = 1) -> None: ...
 
     def next_logprobs(self, token_ids: list[int]) -> Any | None: ...
 
@@ -631,8 +631,8 @@ class Engine:
             if lease is not None and first is not None and lease.num_cached_tokens == len(tokens):
                 self._start_whole_hit(st, first)
                 return
-            if lease is not None:
-                pc.materialize(lease)  # type: ignore[union-attr]
+            if lease is not None:  # room for the rest of the prompt: its prefill writes in place
+                pc.materialize(lease, room=len(tokens) - lease.num_cached_tokens)  # type: ignore[union-attr]
                 st.num_cached_tokens, st.num_cached_tokens_cold = lease.num_cached_tokens, lease.num_cached_tokens_cold
             num_cached = st.num_cached_tokens
             warn_if_slow(req.request_id, len(tokens) - num_cached, len(tokens), self.prefill_rate())

@@ -11,13 +11,13 @@ converts block payloads to numpy at this boundary, so nothing under ``omlx/cache
 A block's payload is a dict of mlx arrays (`omlx.engine.cache_spec`): for a plain model ONE
 array ``"kv"``, block-major, ``(num_layers, 2, n_kv_heads, num_tokens, head_dim)`` in the
 model's KV dtype, keys at ``[:, 0]`` and values at ``[:, 1]`` (the SSD file holds the same
-tensor). Storing a block is one stack of the layers' slices; materializing a request is one
-concatenate along the token axis, then per-layer views set as each cache's state. Those views
-have no free room, so mlx-lm's next update concatenates into a fresh buffer: the hot tier's
-arrays are never written through. Sliding-window layers store every token like attention
-layers, in a window part of the payload that the hot tier drops first under pressure where no
-chain end's window reads it (`window_parts`, ``BlockPool.window_droppable``), and restore the
-tokens their window covers (a hit is cut back to where those are all present); recurrent-state layers (SSM, gated
+tensor). Storing a block is one stack of the layers' slices; materializing a request copies
+the blocks once, per layer, into buffers with free room for the prompt's uncached rest, set as
+each cache's state: the next updates write in place, and the hot tier's arrays are never
+written through. Sliding-window layers store every token like attention layers, in a window
+part of the payload that the hot tier drops first under pressure where no chain end's window
+reads it (`window_parts`, ``BlockPool.window_droppable``), and restore the tokens their window
+covers (a hit is cut back to where those are all present); recurrent-state layers (SSM, gated
 delta-net) attach a snapshot to the block ending where it was taken, and a hit on such a model
 is cut back to the last block that carries one (`CacheSpec.hit_end`).
 
@@ -286,7 +286,7 @@ class PrefixCacheTiers:
             if is_whole:
                 self.num_whole_prompt_hits += 1
             try:
-                caches = self._materialize(hit.parts) if n and materialize else None
+                caches = self._materialize(hit.parts, len(token_ids) - n) if n and materialize else None
             except Exception:
                 self.tiers.release(hit)
                 raise
@@ -355,11 +355,12 @@ class PrefixCacheTiers:
                     logger.warning("a prefix hit cut to %d tokens reads window parts that are gone; "
                                    "materializing it will fail", num_tokens)
 
-    def materialize(self, lease: PrefixLease) -> None:
-        """Fill ``lease.caches`` from its held blocks (after ``acquire(..., materialize=False)``)."""
+    def materialize(self, lease: PrefixLease, *, room: int = 1) -> None:
+        """Fill ``lease.caches`` from its held blocks (after ``acquire(..., materialize=False)``),
+        with free room for ``room`` more tokens (the prompt's uncached rest; `CacheSpec.materialize`)."""
         with self._lock:
             if lease.caches is None and lease.num_cached_tokens:
-                lease.caches = self._materialize(lease.hit.parts)
+                lease.caches = self._materialize(lease.hit.parts, room)
 
     # ---- log-probabilities after a whole prompt -------------------------------------------
 
@@ -400,13 +401,12 @@ class PrefixCacheTiers:
                 _, lp = self._next_logprobs.popitem(last=False)
                 self._num_logprobs_bytes -= lp.nbytes
 
-    def _materialize(self, parts: list[tuple[object, int]]) -> list[Any]:
+    def _materialize(self, parts: list[tuple[object, int]], room: int = 1) -> list[Any]:
         """Fresh per-layer caches holding the hit (`CacheSpec.materialize`): attention layers
-        get views of one concatenation of the blocks (one copy for the whole request; no free
-        room, so mlx-lm's next update concatenates into a fresh buffer and the hot tier's
-        arrays are never written through), window layers their last ``W`` tokens, state layers
-        the last block's snapshot."""
-        return self.spec.materialize(parts)  # type: ignore[arg-type]
+        get buffers of their own, the blocks copied once with free room for ``room`` more tokens
+        (the next updates write in place; the hot tier's arrays are never written through),
+        window layers their last ``W`` tokens, state layers the last block's snapshot."""
+        return self.spec.materialize(parts, room=room)  # type: ignore[arg-type]
 
     def cache_blocks(self, lease: PrefixLease, caches: list[Any], token_ids: list[int], num_tokens: int, *,
                      state_at: int | None = None, prompt_end: bool = False) -> int:

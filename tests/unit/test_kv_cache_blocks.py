@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models.cache import KVCache
 
@@ -108,8 +109,8 @@ def test_blocks_cached_per_chunk_are_hits_while_the_first_request_runs():
     second = pc.acquire(PROMPT[: 3 * BS] + [999])
     assert second.num_cached_tokens == 2 * BS and second.caches is not None
     for layer, (k, v) in enumerate(kv_of(PROMPT[: 2 * BS])):
-        assert mx.array_equal(second.caches[layer].keys, k).item()
-        assert mx.array_equal(second.caches[layer].values, v).item()
+        assert mx.array_equal(second.caches[layer].keys[..., : 2 * BS, :], k).item()
+        assert mx.array_equal(second.caches[layer].values[..., : 2 * BS, :], v).item()
     pc.release(second)
     # Held by the first lease until it is released: the chain cannot be evicted under it.
     held = [pc.pool.get(h) for h in first.block_hashes.hashes[:2]]
@@ -180,6 +181,54 @@ def test_a_materialized_cache_grows_like_a_fresh_one_on_the_next_update():
     again = pc.acquire(PROMPT + [5, 6])
     for layer, (k, _) in enumerate(kv_of(PROMPT)):
         assert mx.array_equal(again.caches[layer].keys[..., : len(PROMPT), :], k).item()
+    pc.release(again)
+    pc.release(hit)
+
+
+def _buffer_address(a: mx.array) -> int:
+    """Where an evaluated array's data starts (its memoryview released at once: a held view
+    would keep MLX from updating the buffer in place)."""
+    m = memoryview(a)
+    address = np.frombuffer(m, dtype=np.uint8).__array_interface__["data"][0]
+    m.release()
+    return address
+
+
+@pytest.mark.parametrize("disk", [False, True])
+def test_a_materialized_cache_takes_the_prompts_rest_in_place(disk: bool, tmp_path: Path):
+    """The hit's KV is copied once into per-layer buffers with room for the prompt's uncached
+    rest: prefilling that rest (two chunks) and a decode step write into the same buffers, with
+    the values of a fresh prefill, and the blocks (hot, or read back from disk) stay as stored."""
+    pc = tiers_for(tmp_path if disk else None)
+    lease = pc.acquire(PROMPT)
+    caches = [KVCache() for _ in range(LAYERS)]
+    prefill(caches, PROMPT)
+    pc.release(lease)
+    pc.store(lease, caches, PROMPT)
+    if disk:
+        assert pc.close()
+        pc = tiers_for(tmp_path)
+    rest = list(range(300, 300 + 40))
+    hit = pc.acquire(PROMPT + rest, materialize=False)
+    assert hit.num_cached_tokens == len(PROMPT) and hit.num_cached_tokens_cold == (len(PROMPT) if disk else 0)
+    pc.materialize(hit, room=len(rest))
+    assert all(c.keys.shape[2] >= len(PROMPT) + len(rest) and c.offset == len(PROMPT) for c in hit.caches)
+    where = [(_buffer_address(c.keys), _buffer_address(c.values)) for c in hit.caches]
+    for chunk in (rest[:16], rest[16:39], rest[39:]):
+        for c, (k, v) in zip(hit.caches, kv_of(chunk)):
+            c.update_and_fetch(k, v)
+        mx.eval([c.keys for c in hit.caches] + [c.values for c in hit.caches])
+    assert [(_buffer_address(c.keys), _buffer_address(c.values)) for c in hit.caches] == where
+    ref = [KVCache() for _ in range(LAYERS)]
+    prefill(ref, PROMPT + rest)
+    for got, want in zip(hit.caches, ref):
+        assert got.offset == want.offset
+        assert mx.array_equal(got.keys[..., : got.offset, :], want.keys[..., : want.offset, :]).item()
+        assert mx.array_equal(got.values[..., : got.offset, :], want.values[..., : want.offset, :]).item()
+    again = pc.acquire(PROMPT + [5])
+    for layer, (k, v) in enumerate(kv_of(PROMPT)):
+        assert mx.array_equal(again.caches[layer].keys[..., : len(PROMPT), :], k).item()
+        assert mx.array_equal(again.caches[layer].values[..., : len(PROMPT), :], v).item()
     pc.release(again)
     pc.release(hit)
 
