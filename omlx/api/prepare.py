@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from omlx.engine import token_cache
 from omlx.engine.chat import RenderedPrompt, render_prompt
 from omlx.errors import ContextLengthError, InvalidRequestError
 from omlx.pool import PoolEntry
@@ -119,7 +120,8 @@ def render(entry: PoolEntry, turn: Turn, thinking: bool | None) -> RenderedPromp
     if turn.messages is None:
         p = turn.prompt
         if isinstance(p, str):
-            return RenderedPrompt(list(tok.encode(p)), p, False)
+            # Remembered, as a chat prompt's text is: a repeated completion prompt skips the tokenizer.
+            return RenderedPrompt(token_cache.encode(tok, p, add_special_tokens=True), p, False)
         if any(not 0 <= t < len(tok) for t in p or ()):
             raise InvalidRequestError(f"'{turn.param}' holds a token id outside the vocabulary", param=turn.param)
         return RenderedPrompt(list(p or ()), "", False)

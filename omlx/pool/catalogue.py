@@ -181,6 +181,9 @@ class Catalogue:
             order = list(self.start_ids)
             for m, s in self.config.model_settings.items():
                 if s.pin:
+                    if s.path and not Path(s.path).expanduser().exists():
+                        raise ModelNotFoundError(m, hint=f'[models."{m}"] in the config has pin = true and path '
+                                                         f'{s.path}, which does not exist; fix the path or remove the table')
                     found = self.lookup(m)
                     if found is None:
                         from omlx.engine import hub

@@ -373,3 +373,17 @@ def test_wrong_kind_is_refused_before_loading(tmp_path):
     with pytest.raises(InvalidRequestError, match="serves chat, not embeddings; use POST /v1/chat/completions"):
         pool.acquire("a", task="embeddings")
     assert log == []
+
+
+def test_pinned_model_whose_path_does_not_exist_refuses_the_start_naming_the_table(tmp_path):
+    """A pinned table with a ``path`` made its record up front, so the start loaded the other
+    models and then failed with "The model '/nonexistent/dir' does not exist", naming no table."""
+    missing = tmp_path / "nonexistent"
+    pool, _, log = make_pool(tmp_path, {"a": 100 * MB}, soft=1000 * MB,
+                             settings={"ghost": ModelSettings(pin=True, path=str(missing))})
+    with pytest.raises(ModelNotFoundError) as ei:
+        pool.preload(warmup=False)
+    msg = ei.value.message
+    assert msg.startswith("The model 'ghost' does not exist: [models.\"ghost\"] in the config has pin = true and "
+                          f"path {missing}"), msg
+    assert log == []  # refused before anything loads
