@@ -11,6 +11,8 @@ Locking: the pool's lock, shared; methods that say "caller holds the lock" do no
 
 from __future__ import annotations
 
+import difflib
+
 import threading
 from pathlib import Path
 
@@ -149,7 +151,15 @@ class Catalogue:
         with self._lock:
             found = self.lookup(model)
         if found is None:
-            raise ModelNotFoundError(model)
+            hub_models = self.hub_models()
+            with self._lock:
+                self.scan_models_dir(hub_models)
+                known = sorted({*self.records, *self.aliases})
+            # A stricter cutoff than the config's 0.6: a request's id is often another server's
+            # name ("no-such-model" is not a typo of "local-model").
+            close = difflib.get_close_matches(model, known, n=1, cutoff=0.8)
+            raise ModelNotFoundError(model, hint=f"did you mean {close[0]}?; GET /v1/models lists the served ids"
+                                     if close else "")
         return found[0].model_id, found[1]
 
     def listed_ids(self) -> list[str]:

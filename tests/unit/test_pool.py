@@ -387,3 +387,16 @@ def test_pinned_model_whose_path_does_not_exist_refuses_the_start_naming_the_tab
     assert msg.startswith("The model 'ghost' does not exist: [models.\"ghost\"] in the config has pin = true and "
                           f"path {missing}"), msg
     assert log == []  # refused before anything loads
+
+
+def test_a_misspelled_model_id_is_404_naming_the_closest_served_id(tmp_path):
+    """A typo (found by the fresh-user check) got a bare "does not exist", where a config typo
+    gets a did-you-mean."""
+    pool, _, log = make_pool(tmp_path, {"SmolLM2-135M-Instruct": 100 * MB}, soft=1000 * MB, aliases={"main-model": "x"})
+    with pytest.raises(ModelNotFoundError) as ei:
+        pool.get("SmolLM2-135M-Instruc")
+    assert ei.value.message == ("The model 'SmolLM2-135M-Instruc' does not exist: did you mean SmolLM2-135M-Instruct?; "
+                                "GET /v1/models lists the served ids")
+    with pytest.raises(ModelNotFoundError) as ei:
+        pool.get("main-modle")
+    assert "did you mean main-model?" in ei.value.message and log == []
