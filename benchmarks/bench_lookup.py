@@ -55,17 +55,13 @@ def chat_prompt(tokenizer) -> list[int]:
 SCENARIOS = {"edit": edit_prompt, "chat": chat_prompt}
 
 
-#: As the engine sets it (`omlx.engine.factory`): repeating attention shapes on CUDA.
-PAD_SHAPES = gpu_backend() == "cuda"
-
-
 def run(model, prompts: list[list[int]], eos: list[int], draft: int,
-        max_tokens: int) -> tuple[list[list[int]], float, BatchRunner]:
+        max_tokens: int, pad_shapes: bool) -> tuple[list[list[int]], float, BatchRunner]:
     """Decode ``prompts`` together (inserted at once); returns each one's tokens, the decode
     tokens/s of all of them together (from the first token to the last, first tokens excluded),
     and the runner (its draft counters)."""
     runner = BatchRunner(model, stop_tokens=[(t,) for t in eos], prefill_step_size=2048, block_size=256,
-                         num_draft_tokens=draft, pad_shapes=PAD_SHAPES)
+                         num_draft_tokens=draft, pad_shapes=pad_shapes)
     uids = runner.insert_segments([[p] for p in prompts], max_tokens=[max_tokens] * len(prompts))
     toks: dict[int, list[int]] = {u: [] for u in uids}
     t_first = None
@@ -80,12 +76,12 @@ def run(model, prompts: list[list[int]], eos: list[int], draft: int,
     return [toks[u] for u in uids], n / dt, runner
 
 
-def measure(model, tok, prompts: list[list[int]], draft: int, max_tokens: int, reps: int) -> dict:
+def measure(model, tok, prompts: list[list[int]], draft: int, max_tokens: int, reps: int, pad_shapes: bool) -> dict:
     """One scenario: ``reps`` alternating off/on pairs; the speed ratio on/off and acceptance."""
     rows = []
     for rep in range(reps):
         for k in (0, draft) if rep % 2 == 0 else (draft, 0):
-            toks, tps, r = run(model, prompts, list(tok.eos_token_ids), k, max_tokens)
+            toks, tps, r = run(model, prompts, list(tok.eos_token_ids), k, max_tokens, pad_shapes)
             rows.append({"draft": k, "tokens": sum(len(t) for t in toks), "decode_tok_s": round(tps, 2), "ids": toks,
                          "verify_steps": r.num_spec_steps, "drafted": r.num_drafted_tokens,
                          "accepted": r.num_accepted_tokens})
@@ -127,18 +123,18 @@ def main() -> None:
     ap.add_argument("--pad-shapes", choices=["auto", "on", "off"], default="auto",
                     help="repeating verify shapes (auto: on for CUDA, as the engine does)")
     a = ap.parse_args()
-    global PAD_SHAPES
-    if a.pad_shapes != "auto":
-        PAD_SHAPES = a.pad_shapes == "on"
+    # auto: as the engine sets it (`omlx.engine.factory`), repeating attention shapes on CUDA
+    pad_shapes = gpu_backend() == "cuda" if a.pad_shapes == "auto" else a.pad_shapes == "on"
     path = str(ensure_model_dir(Path(a.model) if a.model else None))
     model, tok = load(path)
     names = [*SCENARIOS, "batch"] if a.scenario == "all" else [a.scenario]
     for n in names:  # warm-up of both paths: a device may compile kernels for each new shape
         for k in (0, a.draft):
-            run(model, scenario_prompts(n, tok), list(tok.eos_token_ids), k, 48)
-    summary = {"model": path, "device": str(mx.default_device()), "machine": platform.machine(), "pad_shapes": PAD_SHAPES,
+            run(model, scenario_prompts(n, tok), list(tok.eos_token_ids), k, 48, pad_shapes)
+    summary = {"model": path, "device": str(mx.default_device()), "machine": platform.machine(), "pad_shapes": pad_shapes,
                "mlx": mx.__version__, "draft": a.draft, "max_tokens": a.max_tokens,
-               "scenarios": {n: measure(model, tok, scenario_prompts(n, tok), a.draft, a.max_tokens, a.reps) for n in names},
+               "scenarios": {n: measure(model, tok, scenario_prompts(n, tok), a.draft, a.max_tokens, a.reps, pad_shapes)
+                             for n in names},
                "date": time.strftime("%Y-%m-%d %H:%M")}
     print(json.dumps(summary, indent=1))
     if a.out:

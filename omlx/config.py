@@ -530,12 +530,18 @@ OTHER_ENV = {
 }
 
 
+def closest(name: str, known: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The one of ``known`` closest to ``name`` by difflib's ratio, if it reaches ``cutoff``."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def did_you_mean(name: str, known: Iterable[str] | Mapping[str, str]) -> str:
-    """`` (did you mean X?)`` with X the closest of ``known`` to ``name`` (difflib's ratio >= 0.6),
+    """`` (did you mean X?)`` with X the closest of ``known`` to ``name`` (`closest`, ratio >= 0.6),
     or ``""``; a mapping is matched on its keys and names their values."""
     shown = known if isinstance(known, Mapping) else {k: k for k in known}
-    close = difflib.get_close_matches(name, list(shown), n=1)
-    return f" (did you mean {shown[close[0]]}?)" if close else ""
+    close = closest(name, shown)
+    return f" (did you mean {shown[close]}?)" if close is not None else ""
 
 
 def unknown_env(env: Mapping[str, str] | None = None) -> list[str]:

@@ -61,6 +61,13 @@ def _round_up(n: int, quantum: int) -> int:
     return -(-n // quantum) * quantum
 
 
+def _with_room(buf: mx.array | None, keep: int, room: int, like: mx.array) -> mx.array:
+    """``buf``'s first ``keep`` positions (axis 2) and then ``room`` zero positions; the other
+    axes and the dtype are ``like``'s (a new buffer when ``buf`` is None)."""
+    zeros = mx.zeros((*like.shape[:2], room, like.shape[3]), like.dtype)
+    return zeros if buf is None else mx.concatenate([buf[..., :keep, :], zeros], axis=2)
+
+
 class RaggedBatchKVCache(BatchKVCache):
     """mlx-lm's ``BatchKVCache`` whose rows may end before the shared write index ``_idx``.
 
@@ -101,12 +108,9 @@ class RaggedBatchKVCache(BatchKVCache):
         prev, n = self._idx, keys.shape[2]
         need = _round_up(prev + n, self.bucket) if self.bucket else prev + n
         if self.keys is None or need > self.keys.shape[2]:  # grow as the parent does (multiples of ``step``)
-            B, H, _, dk = keys.shape
             size = _round_up(need - prev, self.step)
-            kept_k = [self.keys[..., :prev, :]] if self.keys is not None else []
-            kept_v = [self.values[..., :prev, :]] if self.values is not None else []
-            self.keys = mx.concatenate([*kept_k, mx.zeros((B, H, size, dk), keys.dtype)], axis=2)
-            self.values = mx.concatenate([*kept_v, mx.zeros((B, H, size, values.shape[3]), values.dtype)], axis=2)
+            self.keys = _with_room(self.keys, prev, size, keys)
+            self.values = _with_room(self.values, prev, size, values)
         if any(self.slack):
             ends = mx.array([prev - s for s in self.slack])
             idx = (ends[:, None] + mx.arange(n)[None])[:, None, :, None]  # (B, 1, N, 1)
@@ -251,9 +255,6 @@ class BucketedKV:
         c.update_and_fetch(keys, values)
         end = _round_up(c.offset, self.bucket)
         if end > c.keys.shape[2]:
-            grow = end - c.offset
-            c.keys = mx.concatenate([c.keys[..., : c.offset, :], mx.zeros((*c.keys.shape[:2], grow, c.keys.shape[3]),
-                                                                             c.keys.dtype)], axis=2)
-            c.values = mx.concatenate([c.values[..., : c.offset, :],
-                                       mx.zeros((*c.values.shape[:2], grow, c.values.shape[3]), c.values.dtype)], axis=2)
+            c.keys = _with_room(c.keys, c.offset, end - c.offset, c.keys)
+            c.values = _with_room(c.values, c.offset, end - c.offset, c.values)
         return c.keys[..., :end, :], c.values[..., :end, :]

@@ -11,12 +11,10 @@ Locking: the pool's lock, shared; methods that say "caller holds the lock" do no
 
 from __future__ import annotations
 
-import difflib
-
 import threading
 from pathlib import Path
 
-from omlx.config import ModelSettings, ServerConfig, did_you_mean
+from omlx.config import ModelSettings, ServerConfig, closest, did_you_mean
 from omlx.engine.encoder import folder_task
 from omlx.engine.hub import HubModel
 from omlx.engine.loader import is_safe_model_id
@@ -142,6 +140,10 @@ class Catalogue:
         rec = self._discover(name)
         return (rec, None) if rec is not None else None
 
+    def _known_ids(self) -> list[str]:
+        """Every model id and alias known now, sorted (for a did-you-mean). Caller holds the lock."""
+        return sorted({*self.records, *self.aliases})
+
     def resolve(self, model: str) -> tuple[str, str | None]:
         """(served id, profile or None) for a requested id, alias or ``<id>:<profile>``.
 
@@ -154,12 +156,12 @@ class Catalogue:
             hub_models = self.hub_models()
             with self._lock:
                 self.scan_models_dir(hub_models)
-                known = sorted({*self.records, *self.aliases})
+                known = self._known_ids()
             # A stricter cutoff than the config's 0.6: a request's id is often another server's
             # name ("no-such-model" is not a typo of "local-model").
-            close = difflib.get_close_matches(model, known, n=1, cutoff=0.8)
-            raise ModelNotFoundError(model, hint=f"did you mean {close[0]}?; GET /v1/models lists the served ids"
-                                     if close else "")
+            close = closest(model, known, cutoff=0.8)
+            raise ModelNotFoundError(model, hint=f"did you mean {close}?; GET /v1/models lists the served ids"
+                                     if close is not None else "")
         return found[0].model_id, found[1]
 
     def listed_ids(self) -> list[str]:
@@ -198,7 +200,7 @@ class Catalogue:
                     if found is None:
                         from omlx.engine import hub
 
-                        known = sorted({*self.records, *self.aliases})
+                        known = self._known_ids()
                         fix = (f"fetch it with `omlx models pull {m}`, fix the id" if hub.parse_hub_id(m) is not None
                                else "fix the id")
                         raise ModelNotFoundError(m, hint=f'[models."{m}"] in the config has pin = true, but no model '
@@ -218,7 +220,7 @@ class Catalogue:
         lines = []
         with self._lock:
             self.scan_models_dir(hub_models)
-            known = sorted({*self.records, *self.aliases})
+            known = self._known_ids()
             for mid, s in self.config.model_settings.items():
                 if s.path and not Path(s.path).expanduser().exists():
                     lines.append(f'[models."{mid}"] in the config: its path {s.path} does not exist')

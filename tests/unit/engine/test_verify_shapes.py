@@ -10,8 +10,6 @@ tokens stay those of mlx-lm's ``generate_step``, alone and in a merged batch wit
 
 from __future__ import annotations
 
-import random
-
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, make_prompt_cache
@@ -20,17 +18,12 @@ from omlx.engine.ragged_cache import BucketedKV, RaggedBatchKVCache
 from omlx.engine.runner import BatchRunner
 from tests.unit.engine.conftest import looping_llama
 from tests.unit.engine.test_runner import drive, reference
-from tests.unit.engine.test_spec_batch import Recording
+from tests.unit.engine.test_spec_batch import Recording, _prompt
 
 
 @pytest.fixture(scope="module")
 def model():
     return looping_llama()
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(0, 512) for _ in range(n)]
 
 
 def test_a_bucketed_view_gives_the_same_logits_with_keys_rounded_up_to_256(model):
@@ -49,6 +42,20 @@ def test_a_bucketed_view_gives_the_same_logits_with_keys_rounded_up_to_256(model
     assert BucketedKV(view_of[0], 256).make_mask(3).shape == (3, 512)
 
 
+def test_a_bucketed_view_grows_a_buffer_short_of_the_rounded_length(model):
+    """254 cached tokens and 4 more: the ``KVCache`` grows itself to 510 positions (254 + 256),
+    short of 512, so the view grows it to 512; the logits stay those of the plain cache."""
+    p, feed = _prompt(254, 2), [5, 9, 11, 3]
+    plain, view_of = make_prompt_cache(model), make_prompt_cache(model)
+    model(mx.array(p)[None], cache=plain)
+    model(mx.array(p)[None], cache=view_of)
+    want = model(mx.array(feed)[None], cache=plain)
+    assert plain[0].keys.shape[2] == 510
+    got = model(mx.array(feed)[None], cache=[BucketedKV(c, KVCache.step) for c in view_of])
+    assert mx.allclose(got, want, atol=1e-4).item()
+    assert all(c.offset == 258 and c.keys.shape[2] == 512 and c.values.shape[2] == 512 for c in view_of)
+
+
 def test_a_bucketed_ragged_batch_gives_the_same_logits_as_without(model):
     a, b = _prompt(40, 1), _prompt(70, 2)
     logits = {}
@@ -61,7 +68,6 @@ def test_a_bucketed_ragged_batch_gives_the_same_logits_as_without(model):
             c.bucket = bucket
         logits[bucket] = model(mx.array([[1, 2, 3], [4, 5, 6]]), cache=cache)
         if bucket:
-            k, _ = cache[0].keys_and_values()
             assert cache[0].make_mask(2).shape[-1] == 256
     assert mx.allclose(logits[0], logits[256], atol=1e-4).item()
 
